@@ -1,0 +1,100 @@
+//! The crate's one error type.
+//!
+//! Every fallible public function returns [`Result`]. Errors name what was wrong: the field of a
+//! bad input, the action id a store call was about, the database operation that failed.
+
+/// The crate-wide result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in dockhand.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A caller-supplied value was rejected before anything was stored.
+    #[error("invalid {field}: {message}")]
+    InvalidInput {
+        /// The name of the offending field (`hook`, `args`, `cron`, `timezone`, `interval`, ...).
+        field: &'static str,
+        /// What was wrong with it.
+        message: String,
+    },
+    /// An action names a hook that has no registered handler.
+    #[error("unknown hook `{hook}` (action {action_id})")]
+    UnknownHook {
+        /// The hook that has no handler.
+        hook: String,
+        /// The action that named it.
+        action_id: i64,
+    },
+    /// A record that the caller named does not exist.
+    #[error("{what} {id} not found")]
+    NotFound {
+        /// What kind of record (`action`, `schedule`).
+        what: &'static str,
+        /// Its id.
+        id: i64,
+    },
+    /// A database statement failed.
+    #[error("database error during {op}: {source}")]
+    Database {
+        /// The store operation that failed (e.g. `claim`, `enqueue`).
+        op: &'static str,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// Applying the schema migrations failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The database was opened but does not have the settings dockhand needs.
+    #[error("database configuration: {0}")]
+    Config(String),
+    /// A stored row could not be decoded (corrupt or foreign data).
+    #[error("corrupt row for {what} {id}: {message}")]
+    Corrupt {
+        /// What kind of record.
+        what: &'static str,
+        /// Its id.
+        id: i64,
+        /// What could not be decoded.
+        message: String,
+    },
+}
+
+impl Error {
+    /// Shorthand for an [`Error::InvalidInput`].
+    pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            field,
+            message: message.into(),
+        }
+    }
+
+    /// Wraps a driver error with the name of the store operation it came from.
+    pub fn db(op: &'static str) -> impl FnOnce(sqlx::Error) -> Self {
+        move |source| Error::Database { op, source }
+    }
+
+    /// True when the error is a transient database condition (busy, deadlock, serialization
+    /// failure, lost connection) that a retry may clear.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Database { source, .. } => match source {
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+                sqlx::Error::Database(db) => matches!(
+                    db.code().as_deref(),
+                    // SQLite busy/locked, Postgres serialization failure/deadlock, MySQL deadlock/lock wait.
+                    Some("5")
+                        | Some("6")
+                        | Some("517")
+                        | Some("40001")
+                        | Some("40P01")
+                        | Some("1213")
+                        | Some("1205")
+                ),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! # dockhand
+//!
+//! A durable task-queue runtime for tokio programs: named actions with JSON args, run by
+//! handlers you register, stored in SQLite (the embedded default) or PostgreSQL (many runners
+//! on many machines sharing one queue).
+//!
+//! ```no_run
+//! use dockhand::{ActionSpec, HandlerError, Runtime};
+//! use serde_json::json;
+//!
+//! # async fn demo() -> dockhand::Result<()> {
+//! let runtime = Runtime::builder("sqlite:dockhand.db")
+//!     .handler("email.send", |ctx| async move {
+//!         println!("sending to {}", ctx.args["to"]);
+//!         Ok::<(), HandlerError>(())
+//!     })
+//!     .concurrency(8)
+//!     .build()
+//!     .await?;
+//! let handle = runtime.start().await?;
+//! runtime.queue().enqueue(ActionSpec::new("email.send", json!({"to": "a@example.com"}))).await?;
+//! handle.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Module map: [`action`] (what is enqueued), [`schedule`] (recurring definitions), [`state`]
+//! (the only transition rules), [`store`] (all SQL, one module per backend), [`runner`] (the
+//! worker pool), [`maintenance`] (reaper, scheduler, retention), [`runtime`] (builder and
+//! handle), [`queue`] (enqueue and query API), [`telemetry`] (metric and span names).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod action;
+pub mod backoff;
+pub mod clock;
+pub mod error;
+pub mod handler;
+pub mod maintenance;
+pub mod queue;
+pub mod runner;
+pub mod runtime;
+pub mod schedule;
+pub mod state;
+pub mod store;
+pub mod telemetry;
+
+pub use action::{ActionFilter, ActionOrder, ActionQuery, ActionSpec};
+pub use backoff::Backoff;
+pub use clock::{Clock, SystemClock, TestClock};
+pub use error::{Error, Result};
+pub use handler::{ActionContext, HandlerError, HandlerResult};
+pub use queue::Queue;
+pub use runtime::{Runtime, RuntimeBuilder, RuntimeHandle};
+pub use schedule::{Recurrence, ScheduleSpec};
+pub use state::ActionStatus;
+pub use store::{connect, DynStore, Store};

@@ -1,0 +1,236 @@
+//! Maintenance: the lease reaper (R1), the schedule materialiser (Q7) and retention (Q11).
+//!
+//! Every runner runs the maintenance loop, but each task first takes a cluster-wide lease row
+//! (`dockhand_maintenance_leases`) valid for the task's interval, so each task does its work
+//! once per cluster per interval. (A lease row rather than a PostgreSQL advisory lock: it
+//! gives "once per interval" and not just "one at a time", and works the same on every backend.)
+
+use crate::clock::Clock;
+use crate::error::Result;
+use crate::store::{DynStore, PruneCutoffs};
+use crate::telemetry;
+use chrono::Duration;
+use serde::Serialize;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+/// Maintenance settings.
+#[derive(Debug, Clone)]
+pub struct MaintenanceConfig {
+    /// How often the loop wakes. Default 1 s.
+    pub tick: std::time::Duration,
+    /// Reaper interval. Default 5 s.
+    pub reaper_interval: std::time::Duration,
+    /// Scheduler interval. Default 1 s.
+    pub scheduler_interval: std::time::Duration,
+    /// Occurrences up to this far ahead are materialised as pending actions. Default 5 s.
+    pub schedule_lookahead: std::time::Duration,
+    /// Retention interval. Default 60 s.
+    pub retention_interval: std::time::Duration,
+    /// Keep complete and canceled actions this long. Default 7 days.
+    pub keep_finished: std::time::Duration,
+    /// Keep failed actions this long. Default 30 days.
+    pub keep_failed: std::time::Duration,
+    /// Rows per retention or reaper batch. Default 1000.
+    pub batch: i64,
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        Self {
+            tick: std::time::Duration::from_secs(1),
+            reaper_interval: std::time::Duration::from_secs(5),
+            scheduler_interval: std::time::Duration::from_secs(1),
+            schedule_lookahead: std::time::Duration::from_secs(5),
+            retention_interval: std::time::Duration::from_secs(60),
+            keep_finished: std::time::Duration::from_secs(7 * 24 * 3600),
+            keep_failed: std::time::Duration::from_secs(30 * 24 * 3600),
+            batch: 1000,
+        }
+    }
+}
+
+/// What one maintenance pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct MaintenanceReport {
+    /// Expired leases put back to pending.
+    pub requeued: u64,
+    /// Expired leases failed for lack of attempts.
+    pub reaped_failed: u64,
+    /// Schedule occurrences materialised.
+    pub materialised: u64,
+    /// Fixed-delay schedules re-armed.
+    pub rearmed: u64,
+    /// Finished actions deleted.
+    pub pruned: u64,
+}
+
+/// Runs the maintenance tasks.
+pub struct Maintenance {
+    store: DynStore,
+    clock: Arc<dyn Clock>,
+    config: MaintenanceConfig,
+    owner: String,
+}
+
+impl std::fmt::Debug for Maintenance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Maintenance")
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+fn dur(d: std::time::Duration) -> Duration {
+    Duration::from_std(d).unwrap_or(Duration::MAX)
+}
+
+impl Maintenance {
+    /// Maintenance over `store`, leases taken as `owner`.
+    pub fn new(
+        store: DynStore,
+        clock: Arc<dyn Clock>,
+        config: MaintenanceConfig,
+        owner: String,
+    ) -> Self {
+        Self {
+            store,
+            clock,
+            config,
+            owner,
+        }
+    }
+
+    /// Runs every task whose cluster lease this owner can take now.
+    pub async fn run_once(&self) -> Result<MaintenanceReport> {
+        let mut report = MaintenanceReport::default();
+        let c = &self.config;
+        if self.lease("reaper", c.reaper_interval).await? {
+            self.reap(&mut report).await?;
+        }
+        if self.lease("scheduler", c.scheduler_interval).await? {
+            self.schedule(&mut report).await?;
+        }
+        if self.lease("retention", c.retention_interval).await? {
+            self.prune(&mut report).await?;
+        }
+        Ok(report)
+    }
+
+    /// Runs every task now, without taking cluster leases (tests, `dockhand prune`).
+    pub async fn run_all_unguarded(&self) -> Result<MaintenanceReport> {
+        let mut report = MaintenanceReport::default();
+        self.reap(&mut report).await?;
+        self.schedule(&mut report).await?;
+        self.prune(&mut report).await?;
+        Ok(report)
+    }
+
+    async fn lease(&self, task: &str, interval: std::time::Duration) -> Result<bool> {
+        let now = self.clock.now();
+        // Expire slightly before the next tick so the holder can renew on time.
+        let hold = dur(interval).max(Duration::milliseconds(10)) - Duration::milliseconds(5);
+        self.store
+            .try_maintenance_lease(task, &self.owner, now + hold, now)
+            .await
+    }
+
+    /// R1: expired leases back to pending or failed.
+    pub async fn reap(&self, report: &mut MaintenanceReport) -> Result<()> {
+        async {
+            loop {
+                let r = self
+                    .store
+                    .reap_expired(self.clock.now(), self.config.batch)
+                    .await?;
+                report.requeued += r.requeued;
+                report.reaped_failed += r.failed;
+                if r.requeued > 0 {
+                    metrics::counter!(telemetry::REAPED, "outcome" => "requeued")
+                        .increment(r.requeued);
+                    tracing::info!(count = r.requeued, "expired leases requeued");
+                }
+                if r.failed > 0 {
+                    metrics::counter!(telemetry::REAPED, "outcome" => "failed").increment(r.failed);
+                }
+                if ((r.requeued + r.failed) as i64) < self.config.batch {
+                    return Ok(());
+                }
+            }
+        }
+        .instrument(tracing::debug_span!(
+            "dockhand.maintenance",
+            task = "reaper"
+        ))
+        .await
+    }
+
+    /// Q7: materialise due schedule occurrences and re-arm finished fixed-delay schedules.
+    pub async fn schedule(&self, report: &mut MaintenanceReport) -> Result<()> {
+        let now = self.clock.now();
+        report.rearmed += self.store.rearm_fixed_delay(now).await?;
+        let horizon = now + dur(self.config.schedule_lookahead);
+        // Bounded rounds: a short interval may need several occurrences within the horizon.
+        for _ in 0..16 {
+            let due = self.store.due_schedules(horizon, 100).await?;
+            if due.is_empty() {
+                break;
+            }
+            let mut progressed = false;
+            for s in due {
+                let Some(occurrence) = s.next_run_at else {
+                    continue;
+                };
+                let next = match s.recurrence.next_after_occurrence(occurrence, now) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::error!(schedule = s.id, error = %e, "schedule cannot compute its next run");
+                        continue;
+                    }
+                };
+                if self.store.materialise(&s, occurrence, next, now).await? {
+                    report.materialised += 1;
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Q11: delete old finished actions and their logs in bounded batches.
+    pub async fn prune(&self, report: &mut MaintenanceReport) -> Result<()> {
+        let now = self.clock.now();
+        let cutoffs = PruneCutoffs {
+            finished_before: now - dur(self.config.keep_finished),
+            failed_before: now - dur(self.config.keep_failed),
+            batch: self.config.batch,
+        };
+        for _ in 0..100 {
+            let n = self.store.prune(&cutoffs).await?;
+            report.pruned += n;
+            if (n as i64) < cutoffs.batch {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            if let Err(e) = self.run_once().await {
+                tracing::warn!(error = %e, "maintenance pass failed; will retry");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.tick) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+}

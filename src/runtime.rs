@@ -1,0 +1,260 @@
+//! The runtime: a builder that ties a store, handlers, a clock and settings together, and a
+//! handle that stops the worker pool gracefully.
+
+use crate::backoff::Backoff;
+use crate::clock::{Clock, SystemClock};
+use crate::error::Result;
+use crate::handler::{ActionContext, HandlerResult, Registry};
+use crate::maintenance::{Maintenance, MaintenanceConfig, MaintenanceReport};
+use crate::queue::Queue;
+use crate::runner::{Runner, RunnerConfig};
+use crate::store::DynStore;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+enum StoreSource {
+    Url(String),
+    Store(DynStore),
+}
+
+/// Builds a [`Runtime`]. Start with [`Runtime::builder`] (a database URL) or
+/// [`Runtime::with_store`] (an opened store).
+pub struct RuntimeBuilder {
+    source: StoreSource,
+    registry: Registry,
+    runner: RunnerConfig,
+    maintenance: MaintenanceConfig,
+    clock: Arc<dyn Clock>,
+    migrate: bool,
+}
+
+impl RuntimeBuilder {
+    /// Registers the handler for `hook` (one handler per hook; a later one replaces it).
+    pub fn handler<F, Fut>(mut self, hook: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(ActionContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + Send + 'static,
+    {
+        self.registry.insert(hook, f);
+        self
+    }
+
+    /// Actions run at once. Default 10.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.runner.concurrency = n.max(1);
+        self
+    }
+
+    /// Idle poll interval. Default 1 s.
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.runner.poll_interval = d;
+        self
+    }
+
+    /// Lease length and heartbeat interval (heartbeat should be well under the lease).
+    pub fn lease(mut self, lease: Duration, heartbeat: Duration) -> Self {
+        self.runner.lease = lease;
+        self.runner.heartbeat_interval = heartbeat;
+        self
+    }
+
+    /// How long shutdown waits for in-flight handlers. Default 30 s.
+    pub fn shutdown_timeout(mut self, d: Duration) -> Self {
+        self.runner.shutdown_timeout = d;
+        self
+    }
+
+    /// Timeout for actions without their own. Default 5 min.
+    pub fn default_timeout(mut self, d: Option<Duration>) -> Self {
+        self.runner.default_timeout = d;
+        self
+    }
+
+    /// Retry delays.
+    pub fn backoff(mut self, b: Backoff) -> Self {
+        self.runner.backoff = b;
+        self
+    }
+
+    /// This runner's owner id (default `host:pid:random`).
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.runner.owner = owner.into();
+        self
+    }
+
+    /// Maintenance settings.
+    pub fn maintenance(mut self, c: MaintenanceConfig) -> Self {
+        self.maintenance = c;
+        self
+    }
+
+    /// The clock every "now" comes from (tests use [`crate::TestClock`]).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Whether `build` applies migrations. Default true.
+    pub fn migrate(mut self, yes: bool) -> Self {
+        self.migrate = yes;
+        self
+    }
+
+    /// Opens the store (if given a URL), migrates unless disabled, and returns the runtime.
+    pub async fn build(self) -> Result<Runtime> {
+        let store = match self.source {
+            StoreSource::Url(url) => crate::store::connect(&url).await?,
+            StoreSource::Store(s) => s,
+        };
+        if self.migrate {
+            store.migrate().await?;
+        }
+        let queue = Queue::with_clock(Arc::clone(&store), Arc::clone(&self.clock));
+        let maintenance = Arc::new(Maintenance::new(
+            Arc::clone(&store),
+            Arc::clone(&self.clock),
+            self.maintenance,
+            self.runner.owner.clone(),
+        ));
+        let runner = Arc::new(Runner {
+            store: Arc::clone(&store),
+            clock: Arc::clone(&self.clock),
+            registry: Arc::new(self.registry),
+            config: self.runner,
+            queue: queue.clone(),
+        });
+        Ok(Runtime {
+            store,
+            queue,
+            runner,
+            maintenance,
+        })
+    }
+}
+
+/// A configured runtime: enqueue through [`Runtime::queue`], run workers with
+/// [`Runtime::start`], or drive it step by step in tests with [`Runtime::run_due_once`].
+pub struct Runtime {
+    store: DynStore,
+    queue: Queue,
+    runner: Arc<Runner>,
+    maintenance: Arc<Maintenance>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("runner", &self.runner)
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// A builder over the database at `url` (`sqlite:…` or `postgres://…`).
+    pub fn builder(url: impl Into<String>) -> RuntimeBuilder {
+        Self::builder_from(StoreSource::Url(url.into()))
+    }
+
+    /// A builder over an opened store.
+    pub fn with_store(store: DynStore) -> RuntimeBuilder {
+        Self::builder_from(StoreSource::Store(store))
+    }
+
+    fn builder_from(source: StoreSource) -> RuntimeBuilder {
+        RuntimeBuilder {
+            source,
+            registry: Registry::default(),
+            runner: RunnerConfig::default(),
+            maintenance: MaintenanceConfig::default(),
+            clock: Arc::new(SystemClock),
+            migrate: true,
+        }
+    }
+
+    /// The queue API.
+    pub fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    /// The store.
+    pub fn store(&self) -> &DynStore {
+        &self.store
+    }
+
+    /// The hooks that have handlers.
+    pub fn hooks(&self) -> Vec<String> {
+        let mut h: Vec<String> = self.runner.registry.hooks().cloned().collect();
+        h.sort();
+        h
+    }
+
+    /// Starts the worker pool, the maintenance loop and (on PostgreSQL) the LISTEN wake-up.
+    pub async fn start(&self) -> Result<RuntimeHandle> {
+        if let Err(e) = self.store.listen().await {
+            tracing::warn!(error = %e, "cross-process wake-ups unavailable; polling only");
+        }
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let runner = tokio::spawn(Arc::clone(&self.runner).run(stop_rx.clone()));
+        let maintenance = tokio::spawn(Arc::clone(&self.maintenance).run(stop_rx));
+        Ok(RuntimeHandle {
+            stop: stop_tx,
+            runner,
+            maintenance,
+        })
+    }
+
+    /// Testing helper: claims what is due now and runs it inline; returns how many ran.
+    pub async fn run_due_once(&self) -> Result<usize> {
+        self.runner.run_due_once().await
+    }
+
+    /// Testing helper: runs maintenance (reaper, scheduler, retention) once, now, without
+    /// cluster leases.
+    pub async fn run_maintenance_once(&self) -> Result<MaintenanceReport> {
+        self.maintenance.run_all_unguarded().await
+    }
+
+    /// Testing helper: alternates maintenance and runs until nothing is due at the clock's
+    /// current time. Returns how many runs happened. Bounded: stops after `max_runs`.
+    pub async fn drain(&self, max_runs: usize) -> Result<usize> {
+        let mut total = 0;
+        loop {
+            self.run_maintenance_once().await?;
+            let n = self.run_due_once().await?;
+            total += n;
+            if n == 0 || total >= max_runs {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// The maintenance tasks.
+    pub fn maintenance(&self) -> &Arc<Maintenance> {
+        &self.maintenance
+    }
+}
+
+/// A running worker pool; [`RuntimeHandle::shutdown`] stops it gracefully (Q12).
+#[derive(Debug)]
+pub struct RuntimeHandle {
+    stop: watch::Sender<bool>,
+    runner: JoinHandle<()>,
+    maintenance: JoinHandle<()>,
+}
+
+impl RuntimeHandle {
+    /// Stops claiming, lets in-flight handlers finish up to the shutdown timeout, gives the
+    /// remaining leases back (pending again, attempt uncounted), and waits for all of it.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        if let Err(e) = self.runner.await {
+            tracing::error!(error = %e, "runner task ended abnormally");
+        }
+        if let Err(e) = self.maintenance.await {
+            tracing::error!(error = %e, "maintenance task ended abnormally");
+        }
+    }
+}

@@ -1,0 +1,487 @@
+//! Recurring schedules (Q7): interval (fixed-rate or fixed-delay) and cron with an IANA timezone.
+//!
+//! A schedule is a row of its own. The maintenance scheduler materialises each occurrence as an
+//! ordinary action, in one transaction with a compare-and-swap on the schedule's `next_run_at`,
+//! so a crash, a failure or two schedulers at once neither lose nor double an occurrence.
+//!
+//! Rules decided here:
+//! - Fixed-rate intervals are anchored: occurrences are `first + k * every`, so there is no drift.
+//!   After downtime the missed occurrences collapse into one late run, then the series goes on
+//!   from the next anchored time after now (as Oban and Sidekiq do; no burst of catch-up runs).
+//! - Fixed-delay intervals start the next occurrence `every` after the previous one finished (any
+//!   final status: a failure never ends a series).
+//! - Cron takes 5 fields (minute precision) or 6 (leading seconds). Times are computed in the
+//!   schedule's timezone, so `0 9 * * *` in `Europe/Paris` is 09:00 local on both sides of a DST
+//!   change. A local time skipped by a spring-forward gap does not fire that day; a time repeated
+//!   by a fall-back fires once (the first).
+
+use crate::action::{encode_args, validate_name, PreparedAction};
+use crate::error::{Error, Result};
+use chrono::{DateTime, Duration, Utc};
+use chrono_tz::Tz;
+use serde::Serialize;
+use serde_json::Value;
+use std::str::FromStr;
+
+/// How a schedule recurs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Recurrence {
+    /// Every `every`, anchored at the first run (fixed-rate) or after each finish (fixed-delay).
+    Interval {
+        /// The period.
+        every: Duration,
+        /// Start the next occurrence `every` after the previous one finished.
+        fixed_delay: bool,
+    },
+    /// A cron expression evaluated in an IANA timezone.
+    Cron {
+        /// The expression as given (5 or 6 fields).
+        expr: String,
+        /// The IANA timezone name, e.g. `Europe/Paris`.
+        timezone: String,
+    },
+}
+
+impl Recurrence {
+    /// A fixed-rate interval; refuses zero or negative periods.
+    pub fn every(every: Duration) -> Result<Self> {
+        if every <= Duration::zero() {
+            return Err(Error::invalid("interval", "must be positive"));
+        }
+        Ok(Recurrence::Interval {
+            every,
+            fixed_delay: false,
+        })
+    }
+
+    /// A fixed-delay interval; refuses zero or negative periods.
+    pub fn every_after_finish(every: Duration) -> Result<Self> {
+        if every <= Duration::zero() {
+            return Err(Error::invalid("interval", "must be positive"));
+        }
+        Ok(Recurrence::Interval {
+            every,
+            fixed_delay: true,
+        })
+    }
+
+    /// A cron expression in a timezone; both are checked now.
+    pub fn cron(expr: impl Into<String>, timezone: impl Into<String>) -> Result<Self> {
+        let r = Recurrence::Cron {
+            expr: expr.into(),
+            timezone: timezone.into(),
+        };
+        r.validate()?;
+        Ok(r)
+    }
+
+    /// Re-checks the recurrence (after decoding from storage, or when built by hand).
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            Recurrence::Interval { every, .. } if *every <= Duration::zero() => {
+                Err(Error::invalid("interval", "must be positive"))
+            }
+            Recurrence::Interval { .. } => Ok(()),
+            Recurrence::Cron { expr, timezone } => {
+                parse_cron(expr)?;
+                parse_timezone(timezone)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The first occurrence strictly after `after` for a cron, or `after + every` for
+    /// intervals. Returns `None` when a cron expression has no future occurrence.
+    pub fn first_after(&self, after: DateTime<Utc>) -> Result<Option<DateTime<Utc>>> {
+        match self {
+            Recurrence::Interval { every, .. } => Ok(after.checked_add_signed(*every)),
+            Recurrence::Cron { expr, timezone } => {
+                let schedule = parse_cron(expr)?;
+                let tz = parse_timezone(timezone)?;
+                Ok(schedule
+                    .after(&after.with_timezone(&tz))
+                    .next()
+                    .map(|t| t.with_timezone(&Utc)))
+            }
+        }
+    }
+
+    /// The occurrence that follows `occurrence` once it has been materialised at time `now`:
+    /// the next anchored time strictly after both. `None` for fixed-delay schedules (their next
+    /// time is set when the occurrence finishes) and for crons with no future occurrence.
+    pub fn next_after_occurrence(
+        &self,
+        occurrence: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<DateTime<Utc>>> {
+        match self {
+            Recurrence::Interval {
+                fixed_delay: true, ..
+            } => Ok(None),
+            Recurrence::Interval { every, .. } => {
+                let step = every.num_milliseconds().max(1);
+                let behind = (now - occurrence).num_milliseconds();
+                // Skip whole periods that are already past, so downtime yields one late run.
+                let skip = if behind > 0 { behind / step + 1 } else { 1 };
+                let jump = step
+                    .checked_mul(skip)
+                    .ok_or_else(|| Error::invalid("interval", "overflow"))?;
+                Ok(occurrence.checked_add_signed(Duration::milliseconds(jump)))
+            }
+            Recurrence::Cron { .. } => self.first_after(occurrence.max(now)),
+        }
+    }
+
+    /// The next `n` occurrences after `after` (for display).
+    pub fn upcoming(&self, after: DateTime<Utc>, n: usize) -> Result<Vec<DateTime<Utc>>> {
+        let mut out = Vec::with_capacity(n);
+        let mut t = after;
+        while out.len() < n {
+            match self.first_after(t)? {
+                Some(next) => {
+                    out.push(next);
+                    t = next;
+                }
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Parses a 5-field (minute precision) or 6-field (with seconds) cron expression.
+pub fn parse_cron(expr: &str) -> Result<cron::Schedule> {
+    let fields = expr.split_whitespace().count();
+    let full = match fields {
+        5 => format!("0 {}", expr.trim()),
+        6 => expr.trim().to_string(),
+        n => return Err(Error::invalid(
+            "cron",
+            format!(
+                "`{expr}` has {n} fields; expected 5 (m h dom mon dow) or 6 (s m h dom mon dow)"
+            ),
+        )),
+    };
+    cron::Schedule::from_str(&full).map_err(|e| Error::invalid("cron", format!("`{expr}`: {e}")))
+}
+
+/// Parses an IANA timezone name; an unknown name is an error, never silently UTC.
+pub fn parse_timezone(name: &str) -> Result<Tz> {
+    name.parse::<Tz>()
+        .map_err(|_| Error::invalid("timezone", format!("unknown IANA timezone `{name}`")))
+}
+
+/// A schedule to create or update: what each occurrence runs and how it recurs.
+#[derive(Debug, Clone)]
+pub struct ScheduleSpec {
+    pub(crate) name: Option<String>,
+    pub(crate) hook: String,
+    pub(crate) args: Value,
+    pub(crate) group: Option<String>,
+    pub(crate) priority: i32,
+    pub(crate) max_attempts: u32,
+    pub(crate) timeout: Option<std::time::Duration>,
+    pub(crate) recurrence: Recurrence,
+    pub(crate) first_run: Option<DateTime<Utc>>,
+}
+
+impl ScheduleSpec {
+    /// A schedule for `hook` with `args` recurring as `recurrence`.
+    pub fn new(hook: impl Into<String>, args: Value, recurrence: Recurrence) -> Self {
+        Self {
+            name: None,
+            hook: hook.into(),
+            args,
+            group: None,
+            priority: crate::action::DEFAULT_PRIORITY,
+            max_attempts: crate::action::DEFAULT_MAX_ATTEMPTS,
+            timeout: None,
+            recurrence,
+            first_run: None,
+        }
+    }
+
+    /// Names the schedule; re-registering the same name updates it instead of adding one.
+    /// Default name: derived from hook + args + group.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Sets the occurrences' group.
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// Sets the occurrences' priority.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Sets the occurrences' attempts.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// Sets the occurrences' per-run timeout.
+    pub fn timeout(mut self, t: std::time::Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+
+    /// First occurrence time (intervals). Default: now (fixed-rate) or now (fixed-delay).
+    pub fn starting_at(mut self, at: DateTime<Utc>) -> Self {
+        self.first_run = Some(at);
+        self
+    }
+
+    /// Validates and resolves the spec against `now`.
+    pub fn prepare(&self, now: DateTime<Utc>) -> Result<PreparedSchedule> {
+        self.recurrence.validate()?;
+        // Validate the action part by preparing one occurrence's spec.
+        let mut action = crate::ActionSpec::new(self.hook.clone(), self.args.clone())
+            .priority(self.priority)
+            .max_attempts(self.max_attempts);
+        if let Some(g) = &self.group {
+            action = action.group(g.clone());
+        }
+        if let Some(t) = self.timeout {
+            action = action.timeout(t);
+        }
+        let template = action.prepare(now)?;
+        let name = match &self.name {
+            Some(n) => {
+                validate_name("schedule name", n, false)?;
+                n.clone()
+            }
+            None => crate::action::content_key(
+                &self.hook,
+                &encode_args(&self.args)?,
+                self.group.as_deref(),
+            ),
+        };
+        let next_run_at = match (&self.recurrence, self.first_run) {
+            (_, Some(at)) => at,
+            (Recurrence::Interval { .. }, None) => now,
+            (Recurrence::Cron { .. }, None) => self
+                .recurrence
+                .first_after(now)?
+                .ok_or_else(|| Error::invalid("cron", "has no future occurrence"))?,
+        };
+        Ok(PreparedSchedule {
+            name,
+            template,
+            recurrence: self.recurrence.clone(),
+            next_run_at: crate::clock::to_millis(next_run_at),
+        })
+    }
+}
+
+/// A validated schedule ready to store.
+#[derive(Debug, Clone)]
+pub struct PreparedSchedule {
+    /// Unique name.
+    pub name: String,
+    /// What each occurrence enqueues (its `scheduled_at` is replaced per occurrence).
+    pub template: PreparedAction,
+    /// How it recurs.
+    pub recurrence: Recurrence,
+    /// The first occurrence.
+    pub next_run_at: DateTime<Utc>,
+}
+
+/// A stored schedule.
+#[derive(Debug, Clone, Serialize)]
+pub struct Schedule {
+    /// Primary key.
+    pub id: i64,
+    /// Unique name.
+    pub name: String,
+    /// Hook of each occurrence.
+    pub hook: String,
+    /// Args of each occurrence.
+    pub args: Value,
+    /// Group of each occurrence.
+    pub group: Option<String>,
+    /// Priority of each occurrence.
+    pub priority: i32,
+    /// Attempts of each occurrence.
+    pub max_attempts: i32,
+    /// Timeout of each occurrence, ms.
+    pub timeout_ms: Option<i64>,
+    /// How it recurs.
+    pub recurrence: Recurrence,
+    /// Next occurrence to materialise; `None` while a fixed-delay occurrence is outstanding.
+    pub next_run_at: Option<DateTime<Utc>>,
+    /// Disabled schedules materialise nothing.
+    pub enabled: bool,
+}
+
+impl Schedule {
+    /// The action one occurrence at `at` enqueues, unique per (schedule, occurrence).
+    pub fn occurrence(&self, at: DateTime<Utc>) -> Result<PreparedAction> {
+        Ok(PreparedAction {
+            hook: self.hook.clone(),
+            args_json: encode_args(&self.args)?,
+            group: self.group.clone(),
+            priority: self.priority,
+            scheduled_at: at,
+            max_attempts: self.max_attempts,
+            timeout_ms: self.timeout_ms,
+            unique_key: Some(format!("s:{}:{}", self.id, at.timestamp_millis())),
+            schedule_id: Some(self.id),
+        })
+    }
+
+    /// Decodes the recurrence columns shared by every backend.
+    pub(crate) fn recurrence_from_columns(
+        id: i64,
+        kind: &str,
+        interval_ms: Option<i64>,
+        fixed_delay: bool,
+        cron_expr: Option<String>,
+        timezone: Option<String>,
+    ) -> Result<Recurrence> {
+        let corrupt = |m: &str| Error::Corrupt {
+            what: "schedule",
+            id,
+            message: m.to_string(),
+        };
+        match kind {
+            "interval" => Ok(Recurrence::Interval {
+                every: Duration::milliseconds(interval_ms.ok_or_else(|| corrupt("no interval"))?),
+                fixed_delay,
+            }),
+            "cron" => Ok(Recurrence::Cron {
+                expr: cron_expr.ok_or_else(|| corrupt("no cron expression"))?,
+                timezone: timezone.ok_or_else(|| corrupt("no timezone"))?,
+            }),
+            other => Err(corrupt(&format!("unknown kind {other}"))),
+        }
+    }
+}
+
+/// The recurrence as storage columns: (kind, interval_ms, fixed_delay, cron_expr, timezone).
+pub(crate) fn recurrence_columns(
+    r: &Recurrence,
+) -> (&'static str, Option<i64>, bool, Option<&str>, Option<&str>) {
+    match r {
+        Recurrence::Interval { every, fixed_delay } => (
+            "interval",
+            Some(every.num_milliseconds()),
+            *fixed_delay,
+            None,
+            None,
+        ),
+        Recurrence::Cron { expr, timezone } => (
+            "cron",
+            None,
+            false,
+            Some(expr.as_str()),
+            Some(timezone.as_str()),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn utc(y: i32, m: u32, d: u32, h: u32, mi: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(y, m, d, h, mi, 0).unwrap()
+    }
+
+    #[test]
+    fn paris_nine_am_across_spring_dst() {
+        // 2026-03-29: Paris moves from UTC+1 to UTC+2.
+        let r = Recurrence::cron("0 9 * * *", "Europe/Paris").unwrap();
+        let times = r.upcoming(utc(2026, 3, 27, 12, 0), 4).unwrap();
+        assert_eq!(
+            times,
+            vec![
+                utc(2026, 3, 28, 8, 0),
+                utc(2026, 3, 29, 7, 0),
+                utc(2026, 3, 30, 7, 0),
+                utc(2026, 3, 31, 7, 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn paris_nine_am_across_autumn_dst() {
+        // 2026-10-25: back to UTC+1.
+        let r = Recurrence::cron("0 9 * * *", "Europe/Paris").unwrap();
+        let times = r.upcoming(utc(2026, 10, 24, 12, 0), 2).unwrap();
+        assert_eq!(
+            times,
+            vec![utc(2026, 10, 25, 8, 0), utc(2026, 10, 26, 8, 0)]
+        );
+    }
+
+    #[test]
+    fn bad_cron_and_timezone_name_the_field() {
+        let e = Recurrence::cron("not a cron", "UTC")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("invalid cron"), "{e}");
+        let e = Recurrence::cron("61 * * * *", "UTC")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("invalid cron"), "{e}");
+        let e = Recurrence::cron("* * * * *", "Mars/Olympus")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("invalid timezone"), "{e}");
+    }
+
+    #[test]
+    fn zero_and_negative_intervals_are_refused() {
+        for d in [Duration::zero(), Duration::seconds(-5)] {
+            let e = Recurrence::every(d).unwrap_err().to_string();
+            assert!(e.starts_with("invalid interval"), "{e}");
+            assert!(Recurrence::every_after_finish(d).is_err());
+        }
+    }
+
+    #[test]
+    fn fixed_rate_is_anchored_and_collapses_missed_runs() {
+        let r = Recurrence::every(Duration::seconds(10)).unwrap();
+        let t0 = utc(2026, 1, 1, 0, 0);
+        // On time: next is exactly one period later, no drift from a late materialisation.
+        assert_eq!(
+            r.next_after_occurrence(t0, t0 + Duration::seconds(3))
+                .unwrap(),
+            Some(t0 + Duration::seconds(10))
+        );
+        // 95 s behind: one late run, then the next anchored time after now.
+        assert_eq!(
+            r.next_after_occurrence(t0, t0 + Duration::seconds(95))
+                .unwrap(),
+            Some(t0 + Duration::seconds(100))
+        );
+    }
+
+    #[test]
+    fn fixed_delay_has_no_precomputed_next() {
+        let r = Recurrence::every_after_finish(Duration::seconds(10)).unwrap();
+        let t0 = utc(2026, 1, 1, 0, 0);
+        assert_eq!(r.next_after_occurrence(t0, t0).unwrap(), None);
+    }
+
+    #[test]
+    fn six_field_cron_has_seconds() {
+        let r = Recurrence::cron("*/15 * * * * *", "UTC").unwrap();
+        let t0 = utc(2026, 1, 1, 0, 0);
+        assert_eq!(r.first_after(t0).unwrap(), Some(t0 + Duration::seconds(15)));
+    }
+
+    #[test]
+    fn impossible_date_ends_instead_of_looping() {
+        let r = Recurrence::cron("0 0 30 2 *", "UTC").unwrap();
+        assert_eq!(r.first_after(utc(2026, 1, 1, 0, 0)).unwrap(), None);
+    }
+}

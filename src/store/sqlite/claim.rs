@@ -1,0 +1,109 @@
+//! SQLite: claiming due actions and heartbeating their leases.
+//!
+//! Claim SQL (Q3): inside `BEGIN IMMEDIATE`, one `UPDATE … WHERE id IN (SELECT … ORDER BY
+//! priority, scheduled_at, id LIMIT n) RETURNING …` over the partial claim index, then one
+//! `started` log row per claimed action.
+
+use super::{from_ms, ms, SqliteStore};
+use crate::error::{Error, Result};
+use crate::store::{ClaimRequest, ClaimedAction, Lease};
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+const CLAIM: &str = "UPDATE dockhand_actions
+ SET status = 'running', lease_owner = ?1, lease_token = lease_token + 1, lease_until = ?2,
+     attempt = attempt + 1, started_at = ?3
+ WHERE id IN (
+     SELECT id FROM dockhand_actions
+     WHERE status = 'pending' AND scheduled_at <= ?3
+     ORDER BY priority, scheduled_at, id
+     LIMIT ?4)
+ RETURNING id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms,
+           lease_token";
+
+pub(super) async fn claim(
+    store: &SqliteStore,
+    req: &ClaimRequest<'_>,
+) -> Result<Vec<ClaimedAction>> {
+    if req.limit <= 0 {
+        return Ok(Vec::new());
+    }
+    let mut tx = store.begin_write("claim").await?;
+    let rows = sqlx::query(CLAIM)
+        .bind(req.owner)
+        .bind(ms(req.lease_until))
+        .bind(ms(req.now))
+        .bind(req.limit)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(Error::db("claim"))?;
+    if rows.is_empty() {
+        tx.rollback().await.map_err(Error::db("claim"))?;
+        return Ok(Vec::new());
+    }
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        let id: i64 = row.try_get("id").map_err(Error::db("claim"))?;
+        let args_text: String = row.try_get("args").map_err(Error::db("claim"))?;
+        let args = serde_json::from_str(&args_text).map_err(|e| Error::Corrupt {
+            what: "action",
+            id,
+            message: format!("args: {e}"),
+        })?;
+        claimed.push(ClaimedAction {
+            id,
+            hook: row.try_get("hook").map_err(Error::db("claim"))?,
+            args,
+            group: row.try_get("group_name").map_err(Error::db("claim"))?,
+            scheduled_at: from_ms(row.try_get("scheduled_at").map_err(Error::db("claim"))?),
+            attempt: row.try_get("attempt").map_err(Error::db("claim"))?,
+            max_attempts: row.try_get("max_attempts").map_err(Error::db("claim"))?,
+            timeout_ms: row.try_get("timeout_ms").map_err(Error::db("claim"))?,
+            token: row.try_get("lease_token").map_err(Error::db("claim"))?,
+        });
+    }
+    let ids: Vec<i64> = claimed.iter().map(|c| c.id).collect();
+    let ids_json = serde_json::to_string(&ids).map_err(|e| Error::invalid("ids", e.to_string()))?;
+    sqlx::query(
+        "INSERT INTO dockhand_action_logs (action_id, at, event, detail)
+         SELECT value, ?, 'started', ? FROM json_each(?)",
+    )
+    .bind(ms(req.now))
+    .bind(req.owner)
+    .bind(ids_json)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("claim (log)"))?;
+    tx.commit().await.map_err(Error::db("claim"))?;
+    Ok(claimed)
+}
+
+pub(super) async fn heartbeat(
+    store: &SqliteStore,
+    owner: &str,
+    leases: &[Lease],
+    until: DateTime<Utc>,
+) -> Result<u64> {
+    if leases.is_empty() {
+        return Ok(0);
+    }
+    let pairs: Vec<[i64; 2]> = leases.iter().map(|l| [l.id, l.token]).collect();
+    let pairs_json =
+        serde_json::to_string(&pairs).map_err(|e| Error::invalid("leases", e.to_string()))?;
+    let mut tx = store.begin_write("heartbeat").await?;
+    let done = sqlx::query(
+        "UPDATE dockhand_actions SET lease_until = ?
+         WHERE status = 'running' AND lease_owner = ?
+           AND (id, lease_token) IN (
+               SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+               FROM json_each(?))",
+    )
+    .bind(ms(until))
+    .bind(owner)
+    .bind(pairs_json)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("heartbeat"))?;
+    tx.commit().await.map_err(Error::db("heartbeat"))?;
+    Ok(done.rows_affected())
+}

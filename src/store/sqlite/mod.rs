@@ -1,0 +1,327 @@
+//! The SQLite backend: the embedded default.
+//!
+//! Layout (the same in every backend): `mod.rs` opens the database and implements [`Store`] by
+//! delegating to `enqueue`, `claim`, `finish`, `query`, `schedule` and `maintenance`.
+//!
+//! SQLite has one writer at a time. This store keeps a one-connection writer pool (writers queue
+//! fairly in the pool instead of spinning in SQLite's busy handler) and a reader pool; every
+//! write transaction starts with `BEGIN IMMEDIATE`, so a read-then-write never fails to upgrade.
+//! Files are opened in WAL mode with `synchronous = NORMAL` (durable across a process crash) and a
+//! busy timeout for other processes; the pragmas are read back and startup fails if they did not
+//! take. Times are stored as integer milliseconds since the epoch.
+
+mod claim;
+mod enqueue;
+mod finish;
+mod maintenance;
+mod query;
+mod schedule;
+
+use super::{
+    Backend, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult, Lease, PruneCutoffs,
+    QueueStats, ReapReport, Store, Wakeup,
+};
+use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
+use crate::error::{Error, Result};
+use crate::schedule::{PreparedSchedule, Schedule};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Sqlite, Transaction};
+use std::str::FromStr;
+use std::time::Duration;
+use tokio::sync::watch;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+
+/// Busy timeout for writers in other processes sharing the file.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A [`Store`] on SQLite.
+#[derive(Debug)]
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    wake: Wakeup,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database at `url` (`sqlite:PATH`, `sqlite://PATH` or
+    /// `sqlite::memory:`), checks its pragmas, and returns the store. Does not migrate.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let memory = url.contains(":memory:") || url.contains("mode=memory");
+        let base = SqliteConnectOptions::from_str(url)
+            .map_err(|e| Error::invalid("database_url", e.to_string()))?
+            .create_if_missing(true)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        if memory {
+            // One connection holds the whole in-memory database; it must never be recycled.
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect_with(base)
+                .await
+                .map_err(Error::db("connect"))?;
+            return Ok(Self {
+                writer: pool.clone(),
+                reader: pool,
+                wake: Wakeup::new(),
+            });
+        }
+        let opts = base
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(opts.clone())
+            .await
+            .map_err(Error::db("connect"))?;
+        check_pragmas(&writer).await?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts.read_only(false))
+            .await
+            .map_err(Error::db("connect"))?;
+        Ok(Self {
+            writer,
+            reader,
+            wake: Wakeup::new(),
+        })
+    }
+
+    /// The writer pool, for callers that want transactional enqueue in their own transaction
+    /// (see [`SqliteStore::enqueue_in`]).
+    pub fn pool(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    /// Transactional enqueue: inserts the action inside the caller's open transaction, so it
+    /// exists only if the caller commits. Call [`SqliteStore::notify`] after the commit to wake
+    /// an idle runner in this process at once (otherwise it is found at the next poll).
+    pub async fn enqueue_in(
+        tx: &mut Transaction<'_, Sqlite>,
+        action: &PreparedAction,
+        now: DateTime<Utc>,
+    ) -> Result<Enqueued> {
+        enqueue::enqueue_one(tx, action, now).await
+    }
+
+    /// Wakes runners in this process (after a transactional enqueue commits).
+    pub fn notify(&self) {
+        self.wake.notify();
+    }
+
+    pub(crate) async fn begin_write(
+        &self,
+        op: &'static str,
+    ) -> Result<Transaction<'static, Sqlite>> {
+        self.writer
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(Error::db(op))
+    }
+}
+
+async fn check_pragmas(pool: &SqlitePool) -> Result<()> {
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(pool)
+        .await
+        .map_err(Error::db("check pragmas"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::Config(format!(
+            "SQLite journal_mode is `{mode}`, expected `wal`"
+        )));
+    }
+    let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+        .fetch_one(pool)
+        .await
+        .map_err(Error::db("check pragmas"))?;
+    if busy <= 0 {
+        return Err(Error::Config("SQLite busy_timeout did not take".into()));
+    }
+    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(pool)
+        .await
+        .map_err(Error::db("check pragmas"))?;
+    if sync < 1 {
+        return Err(Error::Config(format!(
+            "SQLite synchronous is {sync}; expected NORMAL (1) or FULL (2)"
+        )));
+    }
+    Ok(())
+}
+
+/// Milliseconds since the epoch, the stored form of a time.
+pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+/// A stored time back to a `DateTime`.
+pub(crate) fn from_ms(v: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(v).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        MIGRATOR.run(&self.writer).await?;
+        Ok(())
+    }
+
+    async fn enqueue(&self, action: &PreparedAction, now: DateTime<Utc>) -> Result<Enqueued> {
+        let r = enqueue::enqueue(self, action, now).await?;
+        if action.scheduled_at <= now {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn enqueue_bulk(
+        &self,
+        actions: &[PreparedAction],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Enqueued>> {
+        let r = enqueue::enqueue_bulk(self, actions, now).await?;
+        if actions.iter().any(|a| a.scheduled_at <= now) {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<ClaimedAction>> {
+        claim::claim(self, req).await
+    }
+
+    async fn heartbeat(&self, owner: &str, leases: &[Lease], until: DateTime<Utc>) -> Result<u64> {
+        claim::heartbeat(self, owner, leases, until).await
+    }
+
+    async fn finish(
+        &self,
+        lease: Lease,
+        outcome: &Finish,
+        now: DateTime<Utc>,
+    ) -> Result<FinishResult> {
+        let r = finish::finish(self, lease, outcome, now).await?;
+        if matches!(outcome, Finish::Release) {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn cancel(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {
+        finish::cancel(self, id, now).await
+    }
+
+    async fn retry(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {
+        let r = finish::retry(self, id, now).await?;
+        self.wake.notify();
+        Ok(r)
+    }
+
+    async fn unschedule(&self, filter: &ActionFilter, now: DateTime<Utc>) -> Result<u64> {
+        query::unschedule(self, filter, now).await
+    }
+
+    async fn next_scheduled(&self, filter: &ActionFilter) -> Result<Option<DateTime<Utc>>> {
+        query::next_scheduled(self, filter).await
+    }
+
+    async fn query(&self, q: &ActionQuery) -> Result<Vec<Action>> {
+        query::query(self, q).await
+    }
+
+    async fn get(&self, id: i64) -> Result<Option<Action>> {
+        query::get(self, id).await
+    }
+
+    async fn logs(&self, id: i64) -> Result<Vec<ActionLog>> {
+        query::logs(self, id).await
+    }
+
+    async fn stats(&self, now: DateTime<Utc>) -> Result<QueueStats> {
+        query::stats(self, now).await
+    }
+
+    async fn next_due_at(&self) -> Result<Option<DateTime<Utc>>> {
+        query::next_due_at(self).await
+    }
+
+    async fn upsert_schedule(&self, s: &PreparedSchedule, now: DateTime<Utc>) -> Result<i64> {
+        schedule::upsert(self, s, now).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<Schedule>> {
+        schedule::list(self, None, i64::MAX).await
+    }
+
+    async fn due_schedules(&self, horizon: DateTime<Utc>, limit: i64) -> Result<Vec<Schedule>> {
+        schedule::list(self, Some(horizon), limit).await
+    }
+
+    async fn materialise(
+        &self,
+        s: &Schedule,
+        occurrence: DateTime<Utc>,
+        next: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let done = schedule::materialise(self, s, occurrence, next, now).await?;
+        if done && occurrence <= now {
+            self.wake.notify();
+        }
+        Ok(done)
+    }
+
+    async fn rearm_fixed_delay(&self, now: DateTime<Utc>) -> Result<u64> {
+        schedule::rearm_fixed_delay(self, now).await
+    }
+
+    async fn set_schedule_enabled(&self, id: i64, enabled: bool) -> Result<bool> {
+        schedule::set_enabled(self, id, enabled).await
+    }
+
+    async fn reap_expired(&self, now: DateTime<Utc>, limit: i64) -> Result<ReapReport> {
+        let r = maintenance::reap_expired(self, now, limit).await?;
+        if r.requeued > 0 {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn prune(&self, cutoffs: &PruneCutoffs) -> Result<u64> {
+        maintenance::prune(self, cutoffs).await
+    }
+
+    async fn try_maintenance_lease(
+        &self,
+        task: &str,
+        owner: &str,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        maintenance::try_lease(self, task, owner, until, now).await
+    }
+
+    fn wakeups(&self) -> watch::Receiver<u64> {
+        self.wake.subscribe()
+    }
+
+    async fn listen(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.writer.close().await;
+        self.reader.close().await;
+    }
+}
