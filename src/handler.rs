@@ -93,7 +93,10 @@ impl Registry {
         self.handlers.get(hook)
     }
 
-    pub(crate) fn hooks(&self) -> impl Iterator<Item = &String> {
-        self.handlers.keys()
+    /// The registered hooks, sorted.
+    pub(crate) fn hook_list(&self) -> Vec<String> {
+        let mut h: Vec<String> = self.handlers.keys().cloned().collect();
+        h.sort();
+        h
     }
 }

@@ -33,6 +33,7 @@
 
 pub mod action;
 pub mod backoff;
+pub mod cli;
 pub mod clock;
 pub mod error;
 pub mod handler;

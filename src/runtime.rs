@@ -85,6 +85,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Claim only actions whose hook has a handler in this runtime (several services sharing
+    /// one queue). Default false: an action nobody handles fails with "unknown hook".
+    pub fn only_registered_hooks(mut self, yes: bool) -> Self {
+        self.runner.only_registered_hooks = yes;
+        self
+    }
+
     /// Maintenance settings.
     pub fn maintenance(mut self, c: MaintenanceConfig) -> Self {
         self.maintenance = c;
@@ -119,7 +126,12 @@ impl RuntimeBuilder {
             self.maintenance,
             self.runner.owner.clone(),
         ));
+        let claim_hooks = self
+            .runner
+            .only_registered_hooks
+            .then(|| self.registry.hook_list());
         let runner = Arc::new(Runner {
+            claim_hooks,
             store: Arc::clone(&store),
             clock: Arc::clone(&self.clock),
             registry: Arc::new(self.registry),
@@ -186,9 +198,7 @@ impl Runtime {
 
     /// The hooks that have handlers.
     pub fn hooks(&self) -> Vec<String> {
-        let mut h: Vec<String> = self.runner.registry.hooks().cloned().collect();
-        h.sort();
-        h
+        self.runner.registry.hook_list()
     }
 
     /// Starts the worker pool, the maintenance loop and (on PostgreSQL) the LISTEN wake-up.

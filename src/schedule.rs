@@ -155,14 +155,24 @@ pub fn parse_cron(expr: &str) -> Result<cron::Schedule> {
     let full = match fields {
         5 => format!("0 {}", expr.trim()),
         6 => expr.trim().to_string(),
-        n => return Err(Error::invalid(
-            "cron",
-            format!(
+        n => {
+            return Err(Error::invalid(
+                "cron",
+                format!(
                 "`{expr}` has {n} fields; expected 5 (m h dom mon dow) or 6 (s m h dom mon dow)"
             ),
-        )),
+            ))
+        }
     };
-    cron::Schedule::from_str(&full).map_err(|e| Error::invalid("cron", format!("`{expr}`: {e}")))
+    cron::Schedule::from_str(&full).map_err(|e| {
+        // The cron crate's message spans several lines with a caret; keep one line.
+        let detail = e
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        Error::invalid("cron", format!("`{expr}`: {detail}"))
+    })
 }
 
 /// Parses an IANA timezone name; an unknown name is an error, never silently UTC.

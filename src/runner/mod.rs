@@ -39,6 +39,10 @@ pub struct RunnerConfig {
     pub backoff: Backoff,
     /// This runner's owner id, stamped on every lease.
     pub owner: String,
+    /// Claim only actions whose hook has a handler here (for several services sharing one
+    /// queue). Default false: Action Scheduler's behaviour, where an action nobody handles
+    /// fails with an "unknown hook" error instead of waiting forever.
+    pub only_registered_hooks: bool,
 }
 
 impl Default for RunnerConfig {
@@ -52,6 +56,7 @@ impl Default for RunnerConfig {
             default_timeout: Some(Duration::from_secs(300)),
             backoff: Backoff::default(),
             owner: default_owner(),
+            only_registered_hooks: false,
         }
     }
 }
@@ -73,6 +78,8 @@ pub struct Runner {
     pub(crate) registry: Arc<Registry>,
     pub(crate) config: RunnerConfig,
     pub(crate) queue: Queue,
+    /// The hook filter for claims (`Some` when `only_registered_hooks`).
+    pub(crate) claim_hooks: Option<Vec<String>>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -104,6 +111,7 @@ impl Runner {
                 limit,
                 now,
                 lease_until: now + lease,
+                hooks: self.claim_hooks.as_deref(),
             })
             .await?;
         if !claimed.is_empty() {

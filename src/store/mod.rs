@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::schedule::{PreparedSchedule, Schedule};
 use crate::state::ActionStatus;
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -20,6 +20,7 @@ use tokio::sync::watch;
 
 pub mod postgres;
 pub mod sqlite;
+pub mod traced;
 
 /// Which database a store talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -60,6 +61,9 @@ pub struct ClaimRequest<'a> {
     pub now: DateTime<Utc>,
     /// Lease expiry to stamp.
     pub lease_until: DateTime<Utc>,
+    /// Claim only actions with these hooks (`None`: any hook; an action whose hook has no
+    /// handler then fails with an "unknown hook" error, as in Action Scheduler).
+    pub hooks: Option<&'a [String]>,
 }
 
 /// An action handed to a runner with its lease.
@@ -144,9 +148,21 @@ impl Finish {
     pub(crate) fn log_entry(&self) -> (&'static str, Option<String>) {
         match self {
             Finish::Complete => ("completed", None),
-            Finish::Retry { at, error } => ("retry", Some(format!("{error} (next run {at})"))),
+            Finish::Retry { at, error } => (
+                "retry",
+                Some(format!(
+                    "{error} (next run {})",
+                    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+                )),
+            ),
             Finish::Fail { error } => ("failed", Some(error.clone())),
-            Finish::Snooze { at } => ("snoozed", Some(format!("until {at}"))),
+            Finish::Snooze { at } => (
+                "snoozed",
+                Some(format!(
+                    "until {}",
+                    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+                )),
+            ),
             Finish::Release => ("released", Some("shutdown".into())),
         }
     }
@@ -257,9 +273,6 @@ pub trait Store: Send + Sync + 'static {
     /// Counts by status and group, past-due count and oldest lag.
     async fn stats(&self, now: DateTime<Utc>) -> Result<QueueStats>;
 
-    /// The earliest `scheduled_at` among pending actions (for the runner's sleep).
-    async fn next_due_at(&self) -> Result<Option<DateTime<Utc>>>;
-
     /// Creates a schedule, or updates the one with the same name (keeping its `next_run_at`
     /// when the recurrence is unchanged). Returns its id.
     async fn upsert_schedule(&self, s: &PreparedSchedule, now: DateTime<Utc>) -> Result<i64>;
@@ -323,12 +336,13 @@ pub type DynStore = Arc<dyn Store>;
 /// Does not migrate.
 pub async fn connect(url: &str) -> Result<DynStore> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::SqliteStore::connect(url).await?))
+        Ok(traced::Traced::wrap(Arc::new(
+            sqlite::SqliteStore::connect(url).await?,
+        )))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        {
-            let _ = postgres::PgStore::connect(url).await?;
-            Err(Error::Config("todo".into()))
-        }
+        Ok(traced::Traced::wrap(Arc::new(
+            postgres::PgStore::connect(url).await?,
+        )))
     } else {
         Err(Error::invalid(
             "database_url",
@@ -372,6 +386,19 @@ impl Wakeup {
     }
 }
 
+/// Maps a unique-index violation during an operator retry to a clear input error.
+pub(crate) fn unique_violation_as(e: sqlx::Error, op: &'static str, id: i64) -> Error {
+    if let sqlx::Error::Database(db) = &e {
+        if db.is_unique_violation() {
+            return Error::invalid(
+                "id",
+                format!("action {id}: another pending or running action holds its unique key"),
+            );
+        }
+    }
+    Error::Database { op, source: e }
+}
+
 #[cfg(test)]
 mod tests {
     use super::redact_url;
@@ -385,17 +412,4 @@ mod tests {
         assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
         assert_eq!(redact_url("sqlite:x.db"), "sqlite:x.db");
     }
-}
-
-/// Maps a unique-index violation during an operator retry to a clear input error.
-pub(crate) fn unique_violation_as(e: sqlx::Error, op: &'static str, id: i64) -> Error {
-    if let sqlx::Error::Database(db) = &e {
-        if db.is_unique_violation() {
-            return Error::invalid(
-                "id",
-                format!("action {id}: another pending or running action holds its unique key"),
-            );
-        }
-    }
-    Error::Database { op, source: e }
 }

@@ -1,11 +1,371 @@
-//! The PostgreSQL backend (being written).
-use super::*;
-/// PostgreSQL store.
-#[derive(Debug)]
-pub struct PgStore;
-impl PgStore {
-    /// Connect.
-    pub async fn connect(_url: &str) -> Result<Self> {
-        Err(Error::Config("postgres backend not built yet".into()))
+//! The PostgreSQL backend: many runners on many machines sharing one queue.
+//!
+//! Layout (the same in every backend): `mod.rs` opens the pool and implements [`Store`] by
+//! delegating to `enqueue`, `claim`, `finish`, `query`, `schedule` and `maintenance`; `listen`
+//! (PostgreSQL only) owns the wake-up channel name and the LISTEN task.
+//!
+//! Concurrency comes from row locks instead of a single writer: claims and the reaper pick rows
+//! with `FOR UPDATE SKIP LOCKED`, unique enqueues rely on `ON CONFLICT … DO NOTHING` waiting for
+//! an in-flight inserter, and every finishing UPDATE is fenced by id + token + status. Times are
+//! `timestamptz`, bound truncated to whole milliseconds (the precision every backend stores).
+//! Enqueues of due actions send `pg_notify` on a per-schema channel in the same transaction, so
+//! runners in other processes wake as soon as the insert commits (see [`Store::listen`]).
+
+mod claim;
+mod enqueue;
+mod finish;
+mod listen;
+mod maintenance;
+mod query;
+mod schedule;
+
+use super::{
+    Backend, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult, Lease, PruneCutoffs,
+    QueueStats, ReapReport, Store, Wakeup,
+};
+use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
+use crate::error::{Error, Result};
+use crate::schedule::{PreparedSchedule, Schedule};
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, Executor, PgConnection, Postgres, Transaction};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+
+/// Pool size used by [`PgStore::connect`] and [`PgStore::connect_in_schema`].
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
+
+/// A [`Store`] on PostgreSQL.
+pub struct PgStore {
+    pool: PgPool,
+    /// Kept (never printed: it may hold a password) to open the LISTEN connection.
+    options: PgConnectOptions,
+    channel: String,
+    wake: Arc<Wakeup>,
+    listening: AtomicBool,
+    listener: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("pool", &self.pool)
+            .field("channel", &self.channel)
+            .field("listening", &self.listening.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
     }
 }
+
+impl PgStore {
+    /// Opens a pool of [`DEFAULT_MAX_CONNECTIONS`] on `url` (`postgres://…`). A `search_path`
+    /// given in the URL's `options` selects the schema (and the wake-up channel). Does not
+    /// migrate.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(parse_url(url)?, DEFAULT_MAX_CONNECTIONS).await
+    }
+
+    /// Opens a pool of at most `max_connections` with explicit options. Does not migrate.
+    pub async fn connect_with(options: PgConnectOptions, max_connections: u32) -> Result<Self> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .connect_with(options.clone())
+            .await
+            .map_err(Error::db("connect"))?;
+        let channel = listen::channel_for(&listen::schema_from_options(&options));
+        Ok(Self {
+            pool,
+            options,
+            channel,
+            wake: Arc::new(Wakeup::new()),
+            listening: AtomicBool::new(false),
+            listener: Mutex::new(None),
+        })
+    }
+
+    /// Test isolation: creates schema `schema` if missing (on a one-off connection), then opens a
+    /// pool whose every connection has `search_path = schema`, so the tables, the migrations
+    /// table and the wake-up channel all belong to that schema. Does not migrate.
+    pub async fn connect_in_schema(url: &str, schema: &str) -> Result<Self> {
+        validate_schema(schema)?;
+        let options = parse_url(url)?;
+        let mut conn = PgConnection::connect_with(&options)
+            .await
+            .map_err(Error::db("connect"))?;
+        let created = conn
+            .execute(format!(r#"CREATE SCHEMA IF NOT EXISTS "{schema}""#).as_str())
+            .await;
+        let _ = conn.close().await;
+        match created {
+            Ok(_) => {}
+            // Two concurrent `IF NOT EXISTS` can still collide in the catalog: it exists now.
+            Err(sqlx::Error::Database(db))
+                if matches!(db.code().as_deref(), Some("23505") | Some("42P06")) => {}
+            Err(e) => return Err(Error::db("create schema")(e)),
+        }
+        let options = options.options([("search_path", schema)]);
+        Self::connect_with(options, DEFAULT_MAX_CONNECTIONS).await
+    }
+
+    /// Drops schema `schema` and everything in it (the counterpart of
+    /// [`PgStore::connect_in_schema`]), on a one-off connection.
+    pub async fn drop_schema(url: &str, schema: &str) -> Result<()> {
+        validate_schema(schema)?;
+        let mut conn = PgConnection::connect_with(&parse_url(url)?)
+            .await
+            .map_err(Error::db("connect"))?;
+        let dropped = conn
+            .execute(format!(r#"DROP SCHEMA "{schema}" CASCADE"#).as_str())
+            .await;
+        let _ = conn.close().await;
+        dropped.map_err(Error::db("drop schema"))?;
+        Ok(())
+    }
+
+    /// The pool, for callers that want transactional enqueue in their own transaction (see
+    /// [`PgStore::enqueue_in`]).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The LISTEN/NOTIFY channel this store's enqueues notify and [`Store::listen`] follows.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// Transactional enqueue: inserts the action inside the caller's open transaction
+    /// (`&mut *tx`), so it exists only if the caller commits; a due action's `pg_notify` is
+    /// delivered at that commit (on the channel of the connection's current schema). Call
+    /// [`PgStore::notify`] after the commit to wake an idle runner in this process at once.
+    pub async fn enqueue_in(
+        conn: &mut PgConnection,
+        action: &PreparedAction,
+        now: DateTime<Utc>,
+    ) -> Result<Enqueued> {
+        enqueue::enqueue_one(conn, action, now, None).await
+    }
+
+    /// Wakes runners in this process (after a transactional enqueue commits).
+    pub fn notify(&self) {
+        self.wake.notify();
+    }
+
+    pub(crate) async fn begin(&self, op: &'static str) -> Result<Transaction<'static, Postgres>> {
+        self.pool.begin().await.map_err(Error::db(op))
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        if let Some(task) = self.listener.get_mut().ok().and_then(Option::take) {
+            task.abort();
+        }
+    }
+}
+
+fn parse_url(url: &str) -> Result<PgConnectOptions> {
+    PgConnectOptions::from_str(url).map_err(|e| Error::invalid("database_url", e.to_string()))
+}
+
+fn validate_schema(schema: &str) -> Result<()> {
+    let ok = !schema.is_empty()
+        && schema.len() <= 63
+        && schema
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "schema",
+            format!("`{schema}`: use 1 to 63 characters from [a-z0-9_]"),
+        ))
+    }
+}
+
+/// A time as bound to the database: truncated to whole milliseconds, like every backend.
+pub(crate) fn ts(t: DateTime<Utc>) -> DateTime<Utc> {
+    crate::clock::to_millis(t)
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn backend(&self) -> Backend {
+        Backend::Postgres
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn enqueue(&self, action: &PreparedAction, now: DateTime<Utc>) -> Result<Enqueued> {
+        let r = enqueue::enqueue(self, action, now).await?;
+        if action.scheduled_at <= now {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn enqueue_bulk(
+        &self,
+        actions: &[PreparedAction],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Enqueued>> {
+        let r = enqueue::enqueue_bulk(self, actions, now).await?;
+        if actions.iter().any(|a| a.scheduled_at <= now) {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<ClaimedAction>> {
+        claim::claim(self, req).await
+    }
+
+    async fn heartbeat(&self, owner: &str, leases: &[Lease], until: DateTime<Utc>) -> Result<u64> {
+        claim::heartbeat(self, owner, leases, until).await
+    }
+
+    async fn finish(
+        &self,
+        lease: Lease,
+        outcome: &Finish,
+        now: DateTime<Utc>,
+    ) -> Result<FinishResult> {
+        let r = finish::finish(self, lease, outcome, now).await?;
+        if matches!(outcome, Finish::Release) {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn cancel(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {
+        finish::cancel(self, id, now).await
+    }
+
+    async fn retry(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {
+        let r = finish::retry(self, id, now).await?;
+        self.wake.notify();
+        Ok(r)
+    }
+
+    async fn unschedule(&self, filter: &ActionFilter, now: DateTime<Utc>) -> Result<u64> {
+        query::unschedule(self, filter, now).await
+    }
+
+    async fn next_scheduled(&self, filter: &ActionFilter) -> Result<Option<DateTime<Utc>>> {
+        query::next_scheduled(self, filter).await
+    }
+
+    async fn query(&self, q: &ActionQuery) -> Result<Vec<Action>> {
+        query::query(self, q).await
+    }
+
+    async fn get(&self, id: i64) -> Result<Option<Action>> {
+        query::get(self, id).await
+    }
+
+    async fn logs(&self, id: i64) -> Result<Vec<ActionLog>> {
+        query::logs(self, id).await
+    }
+
+    async fn stats(&self, now: DateTime<Utc>) -> Result<QueueStats> {
+        query::stats(self, now).await
+    }
+
+    async fn upsert_schedule(&self, s: &PreparedSchedule, now: DateTime<Utc>) -> Result<i64> {
+        schedule::upsert(self, s, now).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<Schedule>> {
+        schedule::list(self, None, i64::MAX).await
+    }
+
+    async fn due_schedules(&self, horizon: DateTime<Utc>, limit: i64) -> Result<Vec<Schedule>> {
+        schedule::list(self, Some(horizon), limit).await
+    }
+
+    async fn materialise(
+        &self,
+        s: &Schedule,
+        occurrence: DateTime<Utc>,
+        next: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let done = schedule::materialise(self, s, occurrence, next, now).await?;
+        if done && occurrence <= now {
+            self.wake.notify();
+        }
+        Ok(done)
+    }
+
+    async fn rearm_fixed_delay(&self, now: DateTime<Utc>) -> Result<u64> {
+        schedule::rearm_fixed_delay(self, now).await
+    }
+
+    async fn set_schedule_enabled(&self, id: i64, enabled: bool) -> Result<bool> {
+        schedule::set_enabled(self, id, enabled).await
+    }
+
+    async fn reap_expired(&self, now: DateTime<Utc>, limit: i64) -> Result<ReapReport> {
+        let r = maintenance::reap_expired(self, now, limit).await?;
+        if r.requeued > 0 {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn prune(&self, cutoffs: &PruneCutoffs) -> Result<u64> {
+        maintenance::prune(self, cutoffs).await
+    }
+
+    async fn try_maintenance_lease(
+        &self,
+        task: &str,
+        owner: &str,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        maintenance::try_lease(self, task, owner, until, now).await
+    }
+
+    fn wakeups(&self) -> watch::Receiver<u64> {
+        self.wake.subscribe()
+    }
+
+    async fn listen(&self) -> Result<()> {
+        if self.listening.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        match listen::start(&self.options, &self.channel, self.wake.clone()).await {
+            Ok(task) => {
+                if let Ok(mut slot) = self.listener.lock() {
+                    *slot = Some(task);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.listening.store(false, Ordering::SeqCst);
+                Err(e)
+            }
+        }
+    }
+
+    async fn close(&self) {
+        let task = self.listener.lock().ok().and_then(|mut slot| slot.take());
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+        }
+        self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

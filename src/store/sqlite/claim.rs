@@ -16,6 +16,7 @@ const CLAIM: &str = "UPDATE dockhand_actions
  WHERE id IN (
      SELECT id FROM dockhand_actions
      WHERE status = 'pending' AND scheduled_at <= ?3
+       AND (?5 IS NULL OR hook IN (SELECT value FROM json_each(?5)))
      ORDER BY priority, scheduled_at, id
      LIMIT ?4)
  RETURNING id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms,
@@ -28,12 +29,18 @@ pub(super) async fn claim(
     if req.limit <= 0 {
         return Ok(Vec::new());
     }
+    let hooks = req
+        .hooks
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| Error::invalid("hooks", e.to_string()))?;
     let mut tx = store.begin_write("claim").await?;
     let rows = sqlx::query(CLAIM)
         .bind(req.owner)
         .bind(ms(req.lease_until))
         .bind(ms(req.now))
         .bind(req.limit)
+        .bind(hooks)
         .fetch_all(&mut *tx)
         .await
         .map_err(Error::db("claim"))?;

@@ -84,7 +84,7 @@ impl SqliteStore {
         check_pragmas(&writer).await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
-            .connect_with(opts.read_only(false))
+            .connect_with(opts)
             .await
             .map_err(Error::db("connect"))?;
         Ok(Self {
@@ -250,10 +250,6 @@ impl Store for SqliteStore {
 
     async fn stats(&self, now: DateTime<Utc>) -> Result<QueueStats> {
         query::stats(self, now).await
-    }
-
-    async fn next_due_at(&self) -> Result<Option<DateTime<Utc>>> {
-        query::next_due_at(self).await
     }
 
     async fn upsert_schedule(&self, s: &PreparedSchedule, now: DateTime<Utc>) -> Result<i64> {

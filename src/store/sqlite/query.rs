@@ -200,16 +200,6 @@ pub(super) async fn stats(store: &SqliteStore, now: DateTime<Utc>) -> Result<Que
     Ok(stats)
 }
 
-pub(super) async fn next_due_at(store: &SqliteStore) -> Result<Option<DateTime<Utc>>> {
-    let t: Option<i64> = sqlx::query_scalar(
-        "SELECT MIN(scheduled_at) FROM dockhand_actions WHERE status = 'pending'",
-    )
-    .fetch_one(&store.reader)
-    .await
-    .map_err(Error::db("next_due_at"))?;
-    Ok(t.map(from_ms))
-}
-
 pub(super) async fn next_scheduled(
     store: &SqliteStore,
     f: &ActionFilter,

@@ -1,0 +1,357 @@
+//! The `dockhand` operator command line: the argument definitions ([`Cli`], [`Command`]), the
+//! dispatch ([`run`]) and the error the binary reports ([`CliError`]).
+//!
+//! Every command opens the store named by `--database-url` through [`crate::store::connect`] and
+//! works through [`crate::Queue`]; human tables by default, JSON with `--json`. The commands live
+//! in `actions` (enqueue, list, show, cancel, retry), `schedules` (recurring enqueue,
+//! unschedule, schedules), `ops` (migrate, stats, prune, run) and `demo`; `args` parses
+//! durations and other values, `table` prints tables, `output` writes results and errors.
+
+mod actions;
+pub mod args;
+mod demo;
+mod ops;
+mod output;
+mod schedules;
+mod table;
+
+pub use demo::{register_demo_hooks, DEMO_HOOKS};
+pub use output::CliError;
+use output::Output;
+
+use crate::action::{ActionFilter, ActionOrder, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY};
+use crate::state::ActionStatus;
+use crate::{Error, Queue};
+use chrono::{DateTime, Duration, Utc};
+use clap::{ArgGroup, Args, Parser, Subcommand};
+use std::sync::Arc;
+
+/// `dockhand`: operate a dockhand task queue from the shell.
+#[derive(Debug, Parser)]
+#[command(
+    name = "dockhand",
+    version,
+    about = "Operate a dockhand durable task queue: enqueue, inspect, cancel, retry, prune, run",
+    after_help = "Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=dockhand=debug) for more."
+)]
+pub struct Cli {
+    /// Database URL: sqlite:PATH, sqlite::memory: or postgres://USER:PASSWORD@HOST/DB.
+    #[arg(
+        long,
+        global = true,
+        env = "DOCKHAND_DATABASE_URL",
+        hide_env_values = true,
+        default_value = "sqlite:dockhand.db",
+        value_name = "URL"
+    )]
+    pub database_url: String,
+    /// Print JSON instead of human-readable tables and messages.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+impl Cli {
+    /// The log filter used when `RUST_LOG` is not set: `run` shows the worker's activity, `demo`
+    /// only errors (its flaky actions fail on purpose, and warnings would break the progress
+    /// bar), everything else warnings.
+    pub fn default_log_filter(&self) -> &'static str {
+        match self.command {
+            Command::Run(_) => "warn,dockhand=info",
+            Command::Demo(_) => "error",
+            _ => "warn",
+        }
+    }
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the database schema migrations (safe to repeat; only `run` and `demo` also migrate).
+    Migrate,
+    /// Enqueue one action, or create a recurring schedule with --every or --cron.
+    Enqueue(EnqueueArgs),
+    /// List actions, filtered by status, hook, group or args, one page at a time.
+    List(ListArgs),
+    /// Show one action's fields and its log.
+    Show {
+        /// The action id.
+        id: i64,
+    },
+    /// Cancel a pending or running action.
+    ///
+    /// A running handler is not interrupted, but its result is discarded. When nothing changes
+    /// (the action is already final) a message says why and the exit status is 0; an unknown id
+    /// exits with status 1.
+    Cancel {
+        /// The action id.
+        id: i64,
+    },
+    /// Put a failed or canceled action back to pending with fresh attempts.
+    ///
+    /// When nothing changes (the action is pending, running or complete) a message says why and
+    /// the exit status is 0; an unknown id exits with status 1.
+    Retry {
+        /// The action id.
+        id: i64,
+    },
+    /// Cancel pending actions and disable schedules matching a filter.
+    ///
+    /// At least one of --hook, --group or --args is required. Running actions finish.
+    Unschedule(FilterArgs),
+    /// List recurring schedules with their recurrence and next run.
+    Schedules,
+    /// Queue statistics: counts by status and by group, past-due count, oldest due lag.
+    Stats,
+    /// Delete old finished actions and their logs now (retention, run once).
+    Prune(PruneArgs),
+    /// Run a worker for the built-in demo hooks until Ctrl-C or SIGTERM.
+    ///
+    /// Serves demo.noop, demo.sleep, demo.flaky and demo.tick, applies migrations first, and on
+    /// Ctrl-C/SIGTERM stops claiming, lets in-flight actions finish and gives the rest back. It
+    /// claims only actions of those hooks, so actions for other hooks on a shared queue are
+    /// left to the workers that handle them.
+    Run(RunArgs),
+    /// Run a self-contained demo on a temporary SQLite database.
+    ///
+    /// No server needed: enqueues a few thousand actions of several kinds (immediate, delayed,
+    /// flaky, a unique duplicate, a 1s interval schedule), processes them with a progress bar
+    /// until all are final, then prints counts per status and hook, retries, schedule ticks,
+    /// wall time and throughput. The database file is deleted afterwards unless --keep.
+    Demo(DemoArgs),
+}
+
+/// Options of `dockhand enqueue`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("recurrence").args(["every", "cron"])))]
+pub struct EnqueueArgs {
+    /// The hook (handler name) to run, e.g. email.send.
+    pub hook: String,
+    /// The handler's args, a JSON document.
+    #[arg(long, value_name = "JSON", default_value = "{}")]
+    pub args: String,
+    /// Group label, used by filters and unschedule.
+    #[arg(long, value_name = "G")]
+    pub group: Option<String>,
+    /// Priority; lower runs first.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PRIORITY, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Run at this time (RFC 3339, e.g. 2030-01-01T09:00:00Z); with --every, the first run.
+    #[arg(long, value_name = "RFC3339", value_parser = args::parse_time,
+          conflicts_with_all = ["delay", "cron"])]
+    pub at: Option<DateTime<Utc>>,
+    /// Run after this delay (e.g. 30s, 5m, 2h, 1d, 250ms); with --every, delays the first run.
+    #[arg(long = "in", value_name = "DURATION", value_parser = args::parse_duration,
+          allow_hyphen_values = true, conflicts_with = "cron")]
+    pub delay: Option<Duration>,
+    /// Attempts before an action that keeps failing is marked failed.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_ATTEMPTS)]
+    pub max_attempts: u32,
+    /// Limit on one run of the handler (e.g. 30s); longer runs are stopped and retried.
+    #[arg(long, value_name = "DURATION", value_parser = args::parse_duration, allow_hyphen_values = true)]
+    pub timeout: Option<Duration>,
+    /// Do nothing if an action with the same hook, args and group is pending or running.
+    #[arg(long, conflicts_with = "recurrence")]
+    pub unique: bool,
+    /// Recur at this interval (creates a schedule), anchored at the first run.
+    #[arg(long, value_name = "DURATION", value_parser = args::parse_duration,
+          allow_hyphen_values = true)]
+    pub every: Option<Duration>,
+    /// With --every: start each run that long after the previous one finished instead.
+    #[arg(long, requires = "every")]
+    pub fixed_delay: bool,
+    /// Recur on this cron expression (creates a schedule): 5 fields (m h dom mon dow) or 6
+    /// (with leading seconds), e.g. "0 9 * * 1-5".
+    #[arg(long, value_name = "EXPR")]
+    pub cron: Option<String>,
+    /// IANA timezone the --cron expression is evaluated in, e.g. Europe/Paris [default: UTC].
+    #[arg(long, value_name = "TZ", requires = "cron")]
+    pub timezone: Option<String>,
+    /// Schedule name (with --every or --cron); enqueueing the same name again updates that
+    /// schedule. Default: derived from hook, args and group.
+    #[arg(long, value_name = "NAME", requires = "recurrence")]
+    pub name: Option<String>,
+}
+
+/// The hook/group/args filter shared by `list` and `unschedule`.
+#[derive(Debug, Clone, Args)]
+pub struct FilterArgs {
+    /// Match this hook.
+    #[arg(long, value_name = "H")]
+    pub hook: Option<String>,
+    /// Match this group.
+    #[arg(long, value_name = "G")]
+    pub group: Option<String>,
+    /// Match exactly these JSON args.
+    #[arg(long, value_name = "JSON")]
+    pub args: Option<String>,
+}
+
+impl FilterArgs {
+    /// The library filter; fails with `invalid args: not valid JSON …` on bad args.
+    pub fn to_filter(&self) -> Result<ActionFilter, Error> {
+        Ok(ActionFilter {
+            hook: self.hook.clone(),
+            group: self.group.clone(),
+            args: self
+                .args
+                .as_deref()
+                .map(crate::action::parse_args)
+                .transpose()?,
+        })
+    }
+
+    /// Whether no filter was given.
+    pub fn is_empty(&self) -> bool {
+        self.hook.is_none() && self.group.is_none() && self.args.is_none()
+    }
+}
+
+/// Options of `dockhand list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only this status (repeatable, or comma-separated): pending, running, complete, failed,
+    /// canceled.
+    #[arg(long, value_name = "S", value_parser = args::parse_status, value_delimiter = ',')]
+    pub status: Vec<ActionStatus>,
+    /// Hook, group and args filters.
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Page size.
+    #[arg(long, value_name = "N", default_value_t = 50,
+          value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    pub limit: i64,
+    /// Rows to skip.
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(i64).range(0..))]
+    pub offset: i64,
+    /// Sort order: scheduled, -scheduled, id or -id (a leading - sorts newest first).
+    #[arg(long, value_name = "ORDER", default_value = "scheduled",
+          value_parser = args::parse_order, allow_hyphen_values = true)]
+    pub order: ActionOrder,
+}
+
+/// Options of `dockhand prune`.
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// Delete complete and canceled actions that finished longer ago than this [default: 7d].
+    #[arg(long, value_name = "DURATION", value_parser = args::parse_duration, allow_hyphen_values = true)]
+    pub keep_finished: Option<Duration>,
+    /// Delete failed actions that finished longer ago than this [default: 30d].
+    #[arg(long, value_name = "DURATION", value_parser = args::parse_duration, allow_hyphen_values = true)]
+    pub keep_failed: Option<Duration>,
+}
+
+/// Options of `dockhand run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Actions run at once.
+    #[arg(long, value_name = "N", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+}
+
+/// Options of `dockhand demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// How many actions to enqueue.
+    #[arg(long, value_name = "N", default_value_t = 3000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub actions: u32,
+    /// Actions run at once.
+    #[arg(long, value_name = "N", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+    /// Keep the temporary database file afterwards (its path is printed).
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Runs the parsed command line to completion.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    let Cli {
+        database_url,
+        json,
+        command,
+    } = cli;
+    let out = Output { json };
+    match command {
+        Command::Demo(a) => demo::run(&a, out).await,
+        Command::Run(a) => ops::run_worker(&database_url, &a, out).await,
+        other => {
+            let store = crate::store::connect(&database_url).await?;
+            let queue = Queue::new(Arc::clone(&store));
+            let result = dispatch(other, &database_url, &queue, out).await;
+            store.close().await;
+            result
+        }
+    }
+}
+
+async fn dispatch(command: Command, url: &str, q: &Queue, out: Output) -> Result<(), CliError> {
+    match command {
+        Command::Migrate => ops::migrate(url, q, out).await,
+        Command::Enqueue(a) => actions::enqueue(q, a, out).await,
+        Command::List(a) => actions::list(q, &a, out).await,
+        Command::Show { id } => actions::show(q, id, out).await,
+        Command::Cancel { id } => actions::cancel(q, id, out).await,
+        Command::Retry { id } => actions::retry(q, id, out).await,
+        Command::Unschedule(f) => schedules::unschedule(q, &f, out).await,
+        Command::Schedules => schedules::schedules(q, out).await,
+        Command::Stats => ops::stats(q, out).await,
+        Command::Prune(a) => ops::prune(q, &a, out).await,
+        // These two open their own runtime; `run` never routes them here.
+        Command::Run(_) | Command::Demo(_) => Err(CliError::Failed(
+            "internal error: command dispatched without its runtime".into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn recurring_and_one_off_options_conflict_as_documented() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args.iter().copied());
+        assert!(parse(&[
+            "dockhand",
+            "enqueue",
+            "h",
+            "--every",
+            "5s",
+            "--cron",
+            "* * * * *"
+        ])
+        .is_err());
+        assert!(parse(&["dockhand", "enqueue", "h", "--fixed-delay"]).is_err());
+        assert!(parse(&["dockhand", "enqueue", "h", "--timezone", "UTC"]).is_err());
+        assert!(parse(&["dockhand", "enqueue", "h", "--unique", "--every", "5s"]).is_err());
+        assert!(parse(&["dockhand", "enqueue", "h", "--every", "-5s"]).is_ok());
+        assert!(parse(&[
+            "dockhand",
+            "list",
+            "--order",
+            "-id",
+            "--status",
+            "pending,failed"
+        ])
+        .is_ok());
+        assert!(parse(&[
+            "dockhand",
+            "list",
+            "--json",
+            "--database-url",
+            "sqlite::memory:"
+        ])
+        .is_ok());
+    }
+}

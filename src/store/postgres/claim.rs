@@ -1,0 +1,92 @@
+//! PostgreSQL: claiming due actions and heartbeating their leases.
+//!
+//! Claim SQL (Q3): one statement. `picked` locks up to n due pending rows in (priority,
+//! scheduled_at, id) order with `FOR UPDATE SKIP LOCKED` (concurrent claimers take disjoint
+//! rows without waiting), `claimed` stamps the lease and counts the attempt, `logged` writes one
+//! `started` row per claimed action.
+
+use super::{ts, PgStore};
+use crate::error::{Error, Result};
+use crate::store::{ClaimRequest, ClaimedAction, Lease};
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::Row;
+
+const CLAIM: &str = "WITH picked AS (
+     SELECT id FROM dockhand_actions
+     WHERE status = 'pending' AND scheduled_at <= $1
+       AND ($5::text[] IS NULL OR hook = ANY($5::text[]))
+     ORDER BY priority, scheduled_at, id
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED),
+ claimed AS (
+     UPDATE dockhand_actions a
+     SET status = 'running', lease_owner = $3, lease_token = a.lease_token + 1,
+         lease_until = $4, attempt = a.attempt + 1, started_at = $1
+     FROM picked WHERE a.id = picked.id
+     RETURNING a.*),
+ logged AS (
+     INSERT INTO dockhand_action_logs (action_id, at, event, detail)
+     SELECT id, $1, 'started', $3 FROM claimed)
+ SELECT id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms, lease_token
+ FROM claimed
+ ORDER BY priority, scheduled_at, id";
+
+pub(super) async fn claim(store: &PgStore, req: &ClaimRequest<'_>) -> Result<Vec<ClaimedAction>> {
+    if req.limit <= 0 {
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query(CLAIM)
+        .bind(ts(req.now))
+        .bind(req.limit)
+        .bind(req.owner)
+        .bind(ts(req.lease_until))
+        .bind(req.hooks)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(Error::db("claim"))?;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        let d = || Error::db("claim");
+        let args: Json<Value> = row.try_get("args").map_err(d())?;
+        claimed.push(ClaimedAction {
+            id: row.try_get("id").map_err(d())?,
+            hook: row.try_get("hook").map_err(d())?,
+            args: args.0,
+            group: row.try_get("group_name").map_err(d())?,
+            scheduled_at: row.try_get("scheduled_at").map_err(d())?,
+            attempt: row.try_get("attempt").map_err(d())?,
+            max_attempts: row.try_get("max_attempts").map_err(d())?,
+            timeout_ms: row.try_get("timeout_ms").map_err(d())?,
+            token: row.try_get("lease_token").map_err(d())?,
+        });
+    }
+    Ok(claimed)
+}
+
+pub(super) async fn heartbeat(
+    store: &PgStore,
+    owner: &str,
+    leases: &[Lease],
+    until: DateTime<Utc>,
+) -> Result<u64> {
+    if leases.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<i64> = leases.iter().map(|l| l.id).collect();
+    let tokens: Vec<i64> = leases.iter().map(|l| l.token).collect();
+    let done = sqlx::query(
+        "UPDATE dockhand_actions SET lease_until = $4
+         WHERE status = 'running' AND lease_owner = $1
+           AND (id, lease_token) IN (SELECT * FROM UNNEST($2::bigint[], $3::bigint[]))",
+    )
+    .bind(owner)
+    .bind(ids)
+    .bind(tokens)
+    .bind(ts(until))
+    .execute(&store.pool)
+    .await
+    .map_err(Error::db("heartbeat"))?;
+    Ok(done.rows_affected())
+}

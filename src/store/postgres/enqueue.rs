@@ -1,0 +1,173 @@
+//! PostgreSQL: inserting actions (single, unique, bulk, inside a caller's transaction), with
+//! the `pg_notify` that wakes other processes' runners when a due action commits.
+
+use super::{listen, ts, PgStore};
+use crate::action::PreparedAction;
+use crate::error::{Error, Result};
+use crate::store::Enqueued;
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+/// Rows per bulk INSERT statement.
+const BULK_CHUNK: usize = 5_000;
+
+/// How often a unique insert is retried when the conflicting row finished before it could be
+/// read back.
+const UNIQUE_ATTEMPTS: usize = 5;
+
+const INSERT_ONE: &str = "INSERT INTO dockhand_actions
+    (hook, args, group_name, priority, status, scheduled_at, max_attempts, timeout_ms,
+     unique_key, created_at, schedule_id)
+ VALUES ($1, $2::jsonb, $3, $4, 'pending', $5, $6, $7, $8, $9, $10)
+ ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
+ DO NOTHING
+ RETURNING id";
+
+const INSERT_BULK: &str = "INSERT INTO dockhand_actions
+    (hook, args, group_name, priority, status, scheduled_at, max_attempts, timeout_ms,
+     created_at, schedule_id)
+ SELECT t.hook, t.args::jsonb, t.group_name, t.priority, 'pending', t.scheduled_at,
+        t.max_attempts, t.timeout_ms, $9, t.schedule_id
+ FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[], $6::int4[],
+             $7::int8[], $8::int8[])
+      AS t(hook, args, group_name, priority, scheduled_at, max_attempts, timeout_ms, schedule_id)
+ RETURNING id";
+
+pub(super) async fn enqueue(
+    store: &PgStore,
+    action: &PreparedAction,
+    now: DateTime<Utc>,
+) -> Result<Enqueued> {
+    let mut tx = store.begin("enqueue").await?;
+    let r = enqueue_one(&mut tx, action, now, Some(&store.channel)).await?;
+    tx.commit().await.map_err(Error::db("enqueue"))?;
+    Ok(r)
+}
+
+/// Inserts one action on an open transaction; a unique duplicate yields the active id.
+/// `channel` is the wake-up channel to notify when the action is due (`None`: the channel of
+/// the connection's current schema).
+pub(super) async fn enqueue_one(
+    conn: &mut PgConnection,
+    a: &PreparedAction,
+    now: DateTime<Utc>,
+    channel: Option<&str>,
+) -> Result<Enqueued> {
+    for _ in 0..UNIQUE_ATTEMPTS {
+        // ON CONFLICT DO NOTHING waits for an in-flight inserter of the same key to finish.
+        let inserted: Option<i64> = sqlx::query_scalar(INSERT_ONE)
+            .bind(&a.hook)
+            .bind(&a.args_json)
+            .bind(&a.group)
+            .bind(a.priority)
+            .bind(ts(a.scheduled_at))
+            .bind(a.max_attempts)
+            .bind(a.timeout_ms)
+            .bind(&a.unique_key)
+            .bind(ts(now))
+            .bind(a.schedule_id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(Error::db("enqueue"))?;
+        if let Some(id) = inserted {
+            log_created(conn, &[id], now).await?;
+            if a.scheduled_at <= now {
+                listen::notify(conn, channel).await?;
+            }
+            return Ok(Enqueued { id, inserted: true });
+        }
+        // READ COMMITTED: this statement sees the conflicting row once its inserter committed.
+        let existing: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM dockhand_actions
+             WHERE unique_key = $1 AND status IN ('pending', 'running')",
+        )
+        .bind(&a.unique_key)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(Error::db("enqueue (find duplicate)"))?;
+        if let Some(id) = existing {
+            return Ok(Enqueued {
+                id,
+                inserted: false,
+            });
+        }
+        // The conflicting action finished in between: its key is free again, insert anew.
+    }
+    Err(Error::Database {
+        op: "enqueue (find duplicate)",
+        source: sqlx::Error::RowNotFound,
+    })
+}
+
+async fn log_created(conn: &mut PgConnection, ids: &[i64], now: DateTime<Utc>) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO dockhand_action_logs (action_id, at, event)
+         SELECT unnest($1::bigint[]), $2, 'created'",
+    )
+    .bind(ids)
+    .bind(ts(now))
+    .execute(&mut *conn)
+    .await
+    .map_err(Error::db("enqueue (log)"))?;
+    Ok(())
+}
+
+pub(super) async fn enqueue_bulk(
+    store: &PgStore,
+    actions: &[PreparedAction],
+    now: DateTime<Utc>,
+) -> Result<Vec<Enqueued>> {
+    let mut results: Vec<Option<Enqueued>> = vec![None; actions.len()];
+    let mut tx = store.begin("enqueue_bulk").await?;
+    // Unique actions go one by one (each may resolve to an existing id); the rest in chunks.
+    let plain: Vec<usize> = (0..actions.len())
+        .filter(|&i| actions[i].unique_key.is_none())
+        .collect();
+    for (i, a) in actions.iter().enumerate() {
+        if a.unique_key.is_some() {
+            results[i] = Some(enqueue_one(&mut tx, a, now, Some(&store.channel)).await?);
+        }
+    }
+    for chunk in plain.chunks(BULK_CHUNK) {
+        let rows = chunk.iter().map(|&i| &actions[i]);
+        let hooks: Vec<&str> = rows.clone().map(|a| a.hook.as_str()).collect();
+        let args: Vec<&str> = rows.clone().map(|a| a.args_json.as_str()).collect();
+        let groups: Vec<Option<&str>> = rows.clone().map(|a| a.group.as_deref()).collect();
+        let priorities: Vec<i32> = rows.clone().map(|a| a.priority).collect();
+        let scheduled: Vec<DateTime<Utc>> = rows.clone().map(|a| ts(a.scheduled_at)).collect();
+        let attempts: Vec<i32> = rows.clone().map(|a| a.max_attempts).collect();
+        let timeouts: Vec<Option<i64>> = rows.clone().map(|a| a.timeout_ms).collect();
+        let schedules: Vec<Option<i64>> = rows.map(|a| a.schedule_id).collect();
+        let mut ids: Vec<i64> = sqlx::query_scalar(INSERT_BULK)
+            .bind(hooks)
+            .bind(args)
+            .bind(groups)
+            .bind(priorities)
+            .bind(scheduled)
+            .bind(attempts)
+            .bind(timeouts)
+            .bind(schedules)
+            .bind(ts(now))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(Error::db("enqueue_bulk"))?;
+        // Identity values follow the UNNEST row order; sort in case RETURNING order differs.
+        ids.sort_unstable();
+        if ids.len() != chunk.len() {
+            return Err(Error::Config(format!(
+                "bulk insert returned {} ids for {} rows",
+                ids.len(),
+                chunk.len()
+            )));
+        }
+        log_created(&mut tx, &ids, now).await?;
+        for (&i, id) in chunk.iter().zip(ids) {
+            results[i] = Some(Enqueued { id, inserted: true });
+        }
+    }
+    if plain.iter().any(|&i| actions[i].scheduled_at <= now) {
+        listen::notify(&mut tx, Some(&store.channel)).await?;
+    }
+    tx.commit().await.map_err(Error::db("enqueue_bulk"))?;
+    Ok(results.into_iter().flatten().collect())
+}

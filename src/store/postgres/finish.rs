@@ -1,0 +1,150 @@
+//! PostgreSQL: owner-guarded finishing, cancel and operator retry.
+//!
+//! Every finishing UPDATE is guarded by id + fencing token + status `running`; zero rows is
+//! [`FinishResult::LeaseLost`] and only a `lease_lost` log row is written.
+
+use super::{listen, ts, PgStore};
+use crate::error::{Error, Result};
+use crate::store::{Finish, FinishResult, Lease};
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+/// The owner guard every finishing UPDATE ends with (`$1` is the id, `$2` the token; the
+/// statement's own parameters start at `$3`).
+macro_rules! guarded {
+    ($sql:literal) => {
+        concat!(
+            $sql,
+            " WHERE id = $1 AND lease_token = $2 AND status = 'running'"
+        )
+    };
+}
+
+pub(super) async fn finish(
+    store: &PgStore,
+    lease: Lease,
+    outcome: &Finish,
+    now: DateTime<Utc>,
+) -> Result<FinishResult> {
+    let mut tx = store.begin("finish").await?;
+    let q = match outcome {
+        Finish::Complete => sqlx::query(guarded!(
+            "UPDATE dockhand_actions SET status = 'complete', finished_at = $3,
+             lease_owner = NULL, lease_until = NULL"
+        ))
+        .bind(lease.id)
+        .bind(lease.token)
+        .bind(ts(now)),
+        Finish::Fail { error } => sqlx::query(guarded!(
+            "UPDATE dockhand_actions SET status = 'failed', finished_at = $3, last_error = $4,
+             lease_owner = NULL, lease_until = NULL"
+        ))
+        .bind(lease.id)
+        .bind(lease.token)
+        .bind(ts(now))
+        .bind(error),
+        Finish::Retry { at, error } => sqlx::query(guarded!(
+            "UPDATE dockhand_actions SET status = 'pending', scheduled_at = $3, last_error = $4,
+             lease_owner = NULL, lease_until = NULL"
+        ))
+        .bind(lease.id)
+        .bind(lease.token)
+        .bind(ts(*at))
+        .bind(error),
+        Finish::Snooze { at } => sqlx::query(guarded!(
+            "UPDATE dockhand_actions SET status = 'pending', scheduled_at = $3,
+             attempt = attempt - 1, lease_owner = NULL, lease_until = NULL"
+        ))
+        .bind(lease.id)
+        .bind(lease.token)
+        .bind(ts(*at)),
+        Finish::Release => sqlx::query(guarded!(
+            "UPDATE dockhand_actions SET status = 'pending', attempt = attempt - 1,
+             lease_owner = NULL, lease_until = NULL"
+        ))
+        .bind(lease.id)
+        .bind(lease.token),
+    };
+    let done = q.execute(&mut *tx).await.map_err(Error::db("finish"))?;
+    let result = if done.rows_affected() == 1 {
+        let (event, detail) = outcome.log_entry();
+        log(&mut tx, lease.id, now, event, detail).await?;
+        if matches!(outcome, Finish::Release) {
+            listen::notify(&mut tx, Some(&store.channel)).await?;
+        }
+        FinishResult::Applied
+    } else {
+        let detail = format!(
+            "token {} tried to record `{}`; the lease is no longer held",
+            lease.token,
+            outcome.log_entry().0
+        );
+        log(&mut tx, lease.id, now, "lease_lost", Some(detail)).await?;
+        FinishResult::LeaseLost
+    };
+    tx.commit().await.map_err(Error::db("finish"))?;
+    Ok(result)
+}
+
+/// Appends a log row for an existing action (nothing when the action is gone).
+pub(super) async fn log(
+    conn: &mut PgConnection,
+    id: i64,
+    now: DateTime<Utc>,
+    event: &str,
+    detail: Option<String>,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO dockhand_action_logs (action_id, at, event, detail)
+         SELECT id, $1, $2, $3 FROM dockhand_actions WHERE id = $4",
+    )
+    .bind(ts(now))
+    .bind(event)
+    .bind(detail)
+    .bind(id)
+    .execute(&mut *conn)
+    .await
+    .map_err(Error::db("log"))?;
+    Ok(())
+}
+
+pub(super) async fn cancel(store: &PgStore, id: i64, now: DateTime<Utc>) -> Result<bool> {
+    let mut tx = store.begin("cancel").await?;
+    let done = sqlx::query(
+        "UPDATE dockhand_actions SET status = 'canceled', finished_at = $1,
+         lease_owner = NULL, lease_until = NULL
+         WHERE id = $2 AND status IN ('pending', 'running')",
+    )
+    .bind(ts(now))
+    .bind(id)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("cancel"))?;
+    let changed = done.rows_affected() == 1;
+    if changed {
+        log(&mut tx, id, now, "canceled", None).await?;
+    }
+    tx.commit().await.map_err(Error::db("cancel"))?;
+    Ok(changed)
+}
+
+pub(super) async fn retry(store: &PgStore, id: i64, now: DateTime<Utc>) -> Result<bool> {
+    let mut tx = store.begin("retry").await?;
+    let done = sqlx::query(
+        "UPDATE dockhand_actions SET status = 'pending', attempt = 0, scheduled_at = $1,
+         finished_at = NULL
+         WHERE id = $2 AND status IN ('failed', 'canceled')",
+    )
+    .bind(ts(now))
+    .bind(id)
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| crate::store::unique_violation_as(e, "retry", id))?;
+    let changed = done.rows_affected() == 1;
+    if changed {
+        log(&mut tx, id, now, "requeued", Some("operator retry".into())).await?;
+        listen::notify(&mut tx, Some(&store.channel)).await?;
+    }
+    tx.commit().await.map_err(Error::db("retry"))?;
+    Ok(changed)
+}

@@ -1,0 +1,162 @@
+//! Test harness: one isolated database per test (a temp SQLite file, or a fresh PostgreSQL
+//! schema), a frozen clock, and a runtime builder preset for deterministic tests.
+
+use chrono::{DateTime, TimeZone, Utc};
+use dockhand::runtime::RuntimeBuilder;
+use dockhand::store::postgres::PgStore;
+use dockhand::store::sqlite::SqliteStore;
+use dockhand::{Backoff, DynStore, Runtime, TestClock};
+use std::io::Write;
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+/// Which backend a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Sqlite,
+    Postgres,
+}
+
+/// An isolated database for one test.
+#[derive(Clone)]
+pub struct TestDb {
+    pub kind: Kind,
+    pub store: DynStore,
+    pub clock: TestClock,
+    url: String,
+    schema: Option<String>,
+    _dir: Option<Arc<tempfile::TempDir>>,
+}
+
+/// 2026-03-27 12:00 UTC: two days before the Paris spring DST change.
+pub fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 3, 27, 12, 0, 0).unwrap()
+}
+
+static PG_SKIP: Once = Once::new();
+
+pub fn postgres_url() -> Option<String> {
+    let url = std::env::var("DOCKHAND_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.is_empty());
+    if url.is_none() {
+        PG_SKIP.call_once(|| {
+            // Written to the real stderr (not the captured test output) so it is visible once.
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: PostgreSQL conformance tests (set DOCKHAND_TEST_POSTGRES_URL to run them)"
+            );
+        });
+    }
+    url
+}
+
+impl TestDb {
+    /// A fresh, migrated database; `None` when the backend is not configured (skipped).
+    pub async fn new(kind: Kind) -> Option<TestDb> {
+        let clock = TestClock::at(t0());
+        match kind {
+            Kind::Sqlite => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let url = format!("sqlite:{}", dir.path().join("test.db").display());
+                let store: DynStore =
+                    Arc::new(SqliteStore::connect(&url).await.expect("open sqlite"));
+                store.migrate().await.expect("migrate");
+                Some(TestDb {
+                    kind,
+                    store,
+                    clock,
+                    url,
+                    schema: None,
+                    _dir: Some(Arc::new(dir)),
+                })
+            }
+            Kind::Postgres => {
+                let url = postgres_url()?;
+                let schema = format!("dh_{}", uuid::Uuid::new_v4().simple());
+                let store: DynStore = Arc::new(
+                    PgStore::connect_in_schema(&url, &schema)
+                        .await
+                        .expect("open postgres schema"),
+                );
+                store.migrate().await.expect("migrate");
+                Some(TestDb {
+                    kind,
+                    store,
+                    clock,
+                    url,
+                    schema: Some(schema),
+                    _dir: None,
+                })
+            }
+        }
+    }
+
+    /// A second, independent store (its own pool) on the same database.
+    pub async fn open_another(&self) -> DynStore {
+        match self.kind {
+            Kind::Sqlite => Arc::new(SqliteStore::connect(&self.url).await.expect("open sqlite")),
+            Kind::Postgres => Arc::new(
+                PgStore::connect_in_schema(&self.url, self.schema.as_deref().unwrap_or("public"))
+                    .await
+                    .expect("open postgres"),
+            ),
+        }
+    }
+
+    /// A runtime on this database with the frozen clock and deterministic settings.
+    pub fn runtime(&self) -> RuntimeBuilder {
+        self.runtime_on(self.store.clone())
+    }
+
+    /// The same, over another store on this database.
+    pub fn runtime_on(&self, store: DynStore) -> RuntimeBuilder {
+        Runtime::with_store(store)
+            .clock(Arc::new(self.clock.clone()))
+            .migrate(false)
+            .concurrency(8)
+            .backoff(Backoff::fixed_exponential(
+                Duration::from_secs(10),
+                2.0,
+                Duration::from_secs(3600),
+            ))
+    }
+
+    pub fn queue(&self) -> dockhand::Queue {
+        dockhand::Queue::with_clock(self.store.clone(), Arc::new(self.clock.clone()))
+    }
+
+    pub async fn cleanup(self) {
+        self.store.close().await;
+        if let Some(schema) = &self.schema {
+            let _ = PgStore::drop_schema(&self.url, schema).await;
+        }
+    }
+}
+
+/// Expands each named scenario (an `async fn(TestDb)` in `scenarios`) into a test per backend.
+#[macro_export]
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let Some(db) = $crate::harness::TestDb::new($crate::harness::Kind::Sqlite).await else { return };
+                    $crate::scenarios::$name(db.clone()).await;
+                    db.cleanup().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let Some(db) = $crate::harness::TestDb::new($crate::harness::Kind::Postgres).await else { return };
+                    $crate::scenarios::$name(db.clone()).await;
+                    db.cleanup().await;
+                }
+            )*
+        }
+    };
+}

@@ -1,0 +1,54 @@
+//! Scenario bodies, each an `async fn(TestDb)` run once per backend by `conformance!`.
+
+mod queue_api;
+mod runner;
+mod schedules;
+mod store_api;
+
+pub use queue_api::*;
+pub use runner::*;
+pub use schedules::*;
+pub use store_api::*;
+
+use chrono::{DateTime, Utc};
+use dockhand::{ActionContext, HandlerError};
+use std::sync::{Arc, Mutex};
+
+/// One handler run as a test saw it.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub id: i64,
+    pub hook: String,
+    pub at: DateTime<Utc>,
+}
+
+/// Shared record of handler runs.
+#[derive(Clone, Default)]
+pub struct Recorder(pub Arc<Mutex<Vec<Run>>>);
+
+impl Recorder {
+    pub fn record(&self, ctx: &ActionContext) {
+        self.0.lock().unwrap().push(Run {
+            id: ctx.action_id,
+            hook: ctx.hook.clone(),
+            at: ctx.queue.clock().now(),
+        });
+    }
+    pub fn runs(&self) -> Vec<Run> {
+        self.0.lock().unwrap().clone()
+    }
+    pub fn of(&self, hook: &str) -> Vec<Run> {
+        self.runs().into_iter().filter(|r| r.hook == hook).collect()
+    }
+    /// A handler that records and succeeds.
+    pub fn ok_handler(
+        &self,
+    ) -> impl Fn(ActionContext) -> std::future::Ready<Result<(), HandlerError>> + Send + Sync + 'static
+    {
+        let me = self.clone();
+        move |ctx| {
+            me.record(&ctx);
+            std::future::ready(Ok(()))
+        }
+    }
+}

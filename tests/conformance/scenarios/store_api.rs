@@ -1,0 +1,306 @@
+//! Store method coverage: heartbeats, snooze/release, cancel, retry, claim order, maintenance
+//! leases, stats and logs.
+
+use crate::harness::TestDb;
+use chrono::Duration;
+use dockhand::store::{ClaimRequest, ClaimedAction, Finish, FinishResult};
+use dockhand::Clock;
+use dockhand::{ActionSpec, ActionStatus};
+use serde_json::json;
+
+async fn claim(db: &TestDb, owner: &str, limit: i64, lease: Duration) -> Vec<ClaimedAction> {
+    let now = db.clock.now();
+    db.store
+        .claim(&ClaimRequest {
+            owner,
+            limit,
+            now,
+            lease_until: now + lease,
+            hooks: None,
+        })
+        .await
+        .unwrap()
+}
+
+pub async fn store_heartbeat_extends_only_live_leases(db: TestDb) {
+    let q = db.queue();
+    q.enqueue(ActionSpec::new("h", json!(1))).await.unwrap();
+    q.enqueue(ActionSpec::new("h", json!(2))).await.unwrap();
+    let c = claim(&db, "me", 2, Duration::seconds(30)).await;
+    assert_eq!(c.len(), 2);
+    let until = db.clock.now() + Duration::seconds(90);
+    let mut stale = c[1].lease();
+    stale.token += 100;
+    let n = db
+        .store
+        .heartbeat("me", &[c[0].lease(), stale], until)
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "a wrong token is not extended");
+    assert_eq!(
+        db.store
+            .heartbeat("someone-else", &[c[0].lease()], until)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(q.get(c[0].id).await.unwrap().lease_until, Some(until));
+    assert_eq!(
+        q.get(c[1].id).await.unwrap().lease_until,
+        Some(db.clock.now() + Duration::seconds(30))
+    );
+    // A heartbeated lease survives the reaper; the other does not.
+    db.clock.advance(Duration::seconds(31));
+    let r = db.store.reap_expired(db.clock.now(), 100).await.unwrap();
+    assert_eq!(r.requeued, 1);
+    assert_eq!(q.get(c[0].id).await.unwrap().status, ActionStatus::Running);
+    assert_eq!(q.get(c[1].id).await.unwrap().status, ActionStatus::Pending);
+}
+
+pub async fn store_snooze_and_release_do_not_use_attempts(db: TestDb) {
+    let q = db.queue();
+    let id = q
+        .enqueue(ActionSpec::new("h", json!({})).max_attempts(1))
+        .await
+        .unwrap();
+    let c = claim(&db, "me", 1, Duration::seconds(30)).await;
+    assert_eq!(c[0].attempt, 1);
+    let at = db.clock.now() + Duration::minutes(5);
+    assert_eq!(
+        db.store
+            .finish(c[0].lease(), &Finish::Snooze { at }, db.clock.now())
+            .await
+            .unwrap(),
+        FinishResult::Applied
+    );
+    let a = q.get(id).await.unwrap();
+    assert_eq!(
+        (a.status, a.attempt, a.scheduled_at),
+        (ActionStatus::Pending, 0, at)
+    );
+    assert!(
+        claim(&db, "me", 1, Duration::seconds(30)).await.is_empty(),
+        "not before the snooze ends"
+    );
+    db.clock.set(at);
+    let c = claim(&db, "me", 1, Duration::seconds(30)).await;
+    assert_eq!(c[0].attempt, 1, "snooze did not use the only attempt");
+    let r = db
+        .store
+        .finish(c[0].lease(), &Finish::Release, db.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(r, FinishResult::Applied);
+    let a = q.get(id).await.unwrap();
+    assert_eq!((a.status, a.attempt), (ActionStatus::Pending, 0));
+    let c = claim(&db, "me", 1, Duration::seconds(30)).await;
+    assert_eq!(c.len(), 1, "released at once");
+    assert!(c[0].token > 2, "every claim gets a new token");
+}
+
+pub async fn store_cancel_running_fences_out_the_worker(db: TestDb) {
+    let q = db.queue();
+    let id = q.enqueue(ActionSpec::new("h", json!({}))).await.unwrap();
+    let c = claim(&db, "me", 1, Duration::seconds(30)).await;
+    assert!(q.cancel(id).await.unwrap());
+    assert!(!q.cancel(id).await.unwrap(), "already final");
+    let r = db
+        .store
+        .finish(c[0].lease(), &Finish::Complete, db.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(r, FinishResult::LeaseLost);
+    assert_eq!(q.get(id).await.unwrap().status, ActionStatus::Canceled);
+    assert!(q.cancel(987_654).await.is_ok_and(|c| !c));
+    assert!(matches!(
+        q.get(987_654).await,
+        Err(dockhand::Error::NotFound { id: 987_654, .. })
+    ));
+}
+
+pub async fn store_operator_retry_requeues_failed(db: TestDb) {
+    let q = db.queue();
+    let id = q
+        .enqueue(ActionSpec::new("h", json!({})).unique())
+        .await
+        .unwrap();
+    let c = claim(&db, "me", 1, Duration::seconds(30)).await;
+    let r = db
+        .store
+        .finish(
+            c[0].lease(),
+            &Finish::Fail {
+                error: "broken".into(),
+            },
+            db.clock.now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r, FinishResult::Applied);
+    assert!(!q.retry(id + 1000).await.unwrap());
+    // While a newer duplicate is active, retry is refused with a clear error.
+    let newer = q
+        .enqueue(ActionSpec::new("h", json!({})).unique())
+        .await
+        .unwrap();
+    assert_ne!(newer, id);
+    let e = q.retry(id).await.unwrap_err().to_string();
+    assert!(e.contains("unique key"), "{e}");
+    q.cancel(newer).await.unwrap();
+    assert!(q.retry(id).await.unwrap());
+    let a = q.get(id).await.unwrap();
+    assert_eq!((a.status, a.attempt), (ActionStatus::Pending, 0));
+    assert!(
+        !q.retry(id).await.unwrap(),
+        "a pending action is not retried"
+    );
+}
+
+pub async fn store_claim_order_priority_then_time(db: TestDb) {
+    let q = db.queue();
+    let t = db.clock.now();
+    let late_low = q
+        .enqueue(
+            ActionSpec::new("h", json!(1))
+                .priority(5)
+                .at(t - Duration::seconds(1)),
+        )
+        .await
+        .unwrap();
+    let early_low = q
+        .enqueue(
+            ActionSpec::new("h", json!(2))
+                .priority(5)
+                .at(t - Duration::seconds(9)),
+        )
+        .await
+        .unwrap();
+    let high = q
+        .enqueue(ActionSpec::new("h", json!(3)).priority(1))
+        .await
+        .unwrap();
+    let default = q.enqueue(ActionSpec::new("h", json!(4))).await.unwrap();
+    let future = q
+        .enqueue(
+            ActionSpec::new("h", json!(5))
+                .priority(0)
+                .at(t + Duration::seconds(1)),
+        )
+        .await
+        .unwrap();
+    let c = claim(&db, "me", 3, Duration::seconds(30)).await;
+    // The batch is the first three in (priority, scheduled_at, id) order; within a batch the
+    // runner starts them together, so the set is what matters.
+    let mut got: Vec<i64> = c.iter().map(|c| c.id).collect();
+    got.sort();
+    let mut want = vec![high, early_low, late_low];
+    want.sort();
+    assert_eq!(got, want);
+    let c = claim(&db, "me", 0, Duration::seconds(30)).await;
+    assert!(c.is_empty());
+    let c = claim(&db, "me", 10, Duration::seconds(30)).await;
+    assert_eq!(
+        c.iter().map(|c| c.id).collect::<Vec<_>>(),
+        vec![default],
+        "future actions wait"
+    );
+    db.clock.advance(Duration::seconds(1));
+    let c = claim(&db, "me", 10, Duration::seconds(30)).await;
+    assert_eq!(c[0].id, future);
+}
+
+pub async fn store_maintenance_lease_is_exclusive_until_expiry(db: TestDb) {
+    let now = db.clock.now();
+    let until = now + Duration::seconds(5);
+    assert!(db
+        .store
+        .try_maintenance_lease("reaper", "a", until, now)
+        .await
+        .unwrap());
+    assert!(!db
+        .store
+        .try_maintenance_lease("reaper", "b", until, now)
+        .await
+        .unwrap());
+    assert!(db
+        .store
+        .try_maintenance_lease("retention", "b", until, now)
+        .await
+        .unwrap());
+    assert!(
+        db.store
+            .try_maintenance_lease("reaper", "a", until, now)
+            .await
+            .unwrap(),
+        "holder renews"
+    );
+    let later = now + Duration::seconds(5);
+    assert!(db
+        .store
+        .try_maintenance_lease("reaper", "b", later + Duration::seconds(5), later)
+        .await
+        .unwrap());
+    // Two racing at once: exactly one wins.
+    let other = db.open_another().await;
+    let t = later + Duration::seconds(10);
+    let (x, y) = tokio::join!(
+        db.store.try_maintenance_lease("sched", "x", t, later),
+        other.try_maintenance_lease("sched", "y", t, later)
+    );
+    assert!(x.unwrap() ^ y.unwrap());
+}
+
+pub async fn store_stats_counts_and_lag(db: TestDb) {
+    let q = db.queue();
+    q.enqueue(ActionSpec::new("h", json!(1)).group("g1"))
+        .await
+        .unwrap();
+    q.enqueue(ActionSpec::new("h", json!(2))).await.unwrap();
+    q.enqueue(ActionSpec::new("h", json!(3)).after(Duration::hours(1)))
+        .await
+        .unwrap();
+    db.clock.advance(Duration::seconds(42));
+    let s = q.stats().await.unwrap();
+    assert_eq!(s.by_status.get("pending"), Some(&3));
+    assert_eq!(s.past_due, 2);
+    assert_eq!(s.oldest_due_lag_ms, Some(42_000));
+    assert_eq!(
+        s.by_group.get("g1").and_then(|g| g.get("pending")),
+        Some(&1)
+    );
+    assert_eq!(s.by_group.get("").and_then(|g| g.get("pending")), Some(&2));
+}
+
+pub async fn store_logs_record_the_lifecycle(db: TestDb) {
+    let q = db.queue();
+    let id = q.enqueue(ActionSpec::new("h", json!({}))).await.unwrap();
+    let c = claim(&db, "worker-7", 1, Duration::seconds(30)).await;
+    let r = db
+        .store
+        .finish(
+            c[0].lease(),
+            &Finish::Retry {
+                at: db.clock.now(),
+                error: "flaky".into(),
+            },
+            db.clock.now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r, FinishResult::Applied);
+    let c = claim(&db, "worker-8", 1, Duration::seconds(30)).await;
+    let r = db
+        .store
+        .finish(c[0].lease(), &Finish::Complete, db.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(r, FinishResult::Applied);
+    let logs = q.logs(id).await.unwrap();
+    let events: Vec<&str> = logs.iter().map(|l| l.event.as_str()).collect();
+    assert_eq!(
+        events,
+        vec!["created", "started", "retry", "started", "completed"]
+    );
+    assert_eq!(logs[1].detail.as_deref(), Some("worker-7"));
+    assert!(logs[2].detail.as_deref().unwrap().contains("flaky"));
+}
