@@ -15,7 +15,7 @@
 //!   change. A local time skipped by a spring-forward gap does not fire that day; a time repeated
 //!   by a fall-back fires once (the first).
 
-use crate::action::{encode_args, validate_name, PreparedAction};
+use crate::action::{encode_args, validate_name, ActionSpec, PreparedAction};
 use crate::error::{Error, Result};
 use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
@@ -185,12 +185,9 @@ pub fn parse_timezone(name: &str) -> Result<Tz> {
 #[derive(Debug, Clone)]
 pub struct ScheduleSpec {
     pub(crate) name: Option<String>,
-    pub(crate) hook: String,
-    pub(crate) args: Value,
-    pub(crate) group: Option<String>,
-    pub(crate) priority: i32,
-    pub(crate) max_attempts: u32,
-    pub(crate) timeout: Option<std::time::Duration>,
+    /// The template every occurrence is enqueued from (its time and unique key are set per
+    /// occurrence).
+    pub(crate) action: ActionSpec,
     pub(crate) recurrence: Recurrence,
     pub(crate) first_run: Option<DateTime<Utc>>,
 }
@@ -200,12 +197,7 @@ impl ScheduleSpec {
     pub fn new(hook: impl Into<String>, args: Value, recurrence: Recurrence) -> Self {
         Self {
             name: None,
-            hook: hook.into(),
-            args,
-            group: None,
-            priority: crate::action::DEFAULT_PRIORITY,
-            max_attempts: crate::action::DEFAULT_MAX_ATTEMPTS,
-            timeout: None,
+            action: ActionSpec::new(hook, args),
             recurrence,
             first_run: None,
         }
@@ -220,29 +212,29 @@ impl ScheduleSpec {
 
     /// Sets the occurrences' group.
     pub fn group(mut self, group: impl Into<String>) -> Self {
-        self.group = Some(group.into());
+        self.action = self.action.group(group);
         self
     }
 
     /// Sets the occurrences' priority.
     pub fn priority(mut self, priority: i32) -> Self {
-        self.priority = priority;
+        self.action = self.action.priority(priority);
         self
     }
 
     /// Sets the occurrences' attempts.
     pub fn max_attempts(mut self, n: u32) -> Self {
-        self.max_attempts = n;
+        self.action = self.action.max_attempts(n);
         self
     }
 
     /// Sets the occurrences' per-run timeout.
     pub fn timeout(mut self, t: std::time::Duration) -> Self {
-        self.timeout = Some(t);
+        self.action = self.action.timeout(t);
         self
     }
 
-    /// First occurrence time (intervals). Default: now (fixed-rate) or now (fixed-delay).
+    /// First occurrence time (intervals). Default: now; crons start at their next match.
     pub fn starting_at(mut self, at: DateTime<Utc>) -> Self {
         self.first_run = Some(at);
         self
@@ -251,26 +243,16 @@ impl ScheduleSpec {
     /// Validates and resolves the spec against `now`.
     pub fn prepare(&self, now: DateTime<Utc>) -> Result<PreparedSchedule> {
         self.recurrence.validate()?;
-        // Validate the action part by preparing one occurrence's spec.
-        let mut action = crate::ActionSpec::new(self.hook.clone(), self.args.clone())
-            .priority(self.priority)
-            .max_attempts(self.max_attempts);
-        if let Some(g) = &self.group {
-            action = action.group(g.clone());
-        }
-        if let Some(t) = self.timeout {
-            action = action.timeout(t);
-        }
-        let template = action.prepare(now)?;
+        let template = self.action.prepare(now)?;
         let name = match &self.name {
             Some(n) => {
                 validate_name("schedule name", n, false)?;
                 n.clone()
             }
             None => crate::action::content_key(
-                &self.hook,
-                &encode_args(&self.args)?,
-                self.group.as_deref(),
+                &template.hook,
+                &template.args_json,
+                template.group.as_deref(),
             ),
         };
         let next_run_at = match (&self.recurrence, self.first_run) {
@@ -374,8 +356,9 @@ impl Schedule {
     }
 }
 
-/// The recurrence as storage columns: (kind, interval_ms, fixed_delay, cron_expr, timezone).
-pub(crate) fn recurrence_columns(
+/// The recurrence as storage (and display) columns: (kind, interval_ms, fixed_delay,
+/// cron_expr, timezone).
+pub fn recurrence_columns(
     r: &Recurrence,
 ) -> (&'static str, Option<i64>, bool, Option<&str>, Option<&str>) {
     match r {

@@ -5,7 +5,7 @@ use super::args::{fmt_time, format_exact, relative};
 use super::table::{truncate, Table};
 use super::{CliError, EnqueueArgs, FilterArgs, Output};
 use crate::action::ActionFilter;
-use crate::schedule::{Schedule, ScheduleSpec};
+use crate::schedule::{recurrence_columns, Schedule, ScheduleSpec};
 use crate::{Error, Queue, Recurrence};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -157,22 +157,7 @@ struct ScheduleView<'a> {
 
 impl<'a> From<&'a Schedule> for ScheduleView<'a> {
     fn from(s: &'a Schedule) -> Self {
-        let (kind, every_ms, fixed_delay, cron, timezone) = match &s.recurrence {
-            Recurrence::Interval { every, fixed_delay } => (
-                "interval",
-                Some(every.num_milliseconds()),
-                *fixed_delay,
-                None,
-                None,
-            ),
-            Recurrence::Cron { expr, timezone } => (
-                "cron",
-                None,
-                false,
-                Some(expr.as_str()),
-                Some(timezone.as_str()),
-            ),
-        };
+        let (kind, every_ms, fixed_delay, cron, timezone) = recurrence_columns(&s.recurrence);
         Self {
             id: s.id,
             name: &s.name,

@@ -340,18 +340,24 @@ pub async fn s_a6_two_runners_drain_without_running_twice(db: TestDb) {
     assert!(twice.is_empty(), "ran more than once: {twice:?}");
 }
 
-pub async fn s_a9_graceful_shutdown_finishes_in_flight(db: TestDb) {
+/// Starts a runtime whose one action sleeps `work`, waits until the handler has started, then
+/// shuts down with `deadline`; returns the action as it stands afterwards.
+async fn shutdown_during_handler(
+    db: &TestDb,
+    work: std::time::Duration,
+    deadline: std::time::Duration,
+) -> (dockhand::Runtime, i64) {
     let started = Arc::new(tokio::sync::Notify::new());
     let s = started.clone();
     let rt = db
         .runtime()
-        .shutdown_timeout(std::time::Duration::from_secs(30))
+        .shutdown_timeout(deadline)
         .poll_interval(std::time::Duration::from_millis(10))
         .handler("slow", move |_ctx| {
             let s = s.clone();
             async move {
                 s.notify_one();
-                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                tokio::time::sleep(work).await;
                 Ok(())
             }
         })
@@ -366,6 +372,16 @@ pub async fn s_a9_graceful_shutdown_finishes_in_flight(db: TestDb) {
     let handle = rt.start().await.unwrap();
     started.notified().await;
     handle.shutdown().await;
+    (rt, id)
+}
+
+pub async fn s_a9_graceful_shutdown_finishes_in_flight(db: TestDb) {
+    let (rt, id) = shutdown_during_handler(
+        &db,
+        std::time::Duration::from_millis(300),
+        std::time::Duration::from_secs(30),
+    )
+    .await;
     let a = rt.queue().get(id).await.unwrap();
     assert_eq!(
         a.status,
@@ -375,31 +391,12 @@ pub async fn s_a9_graceful_shutdown_finishes_in_flight(db: TestDb) {
 }
 
 pub async fn s_a9_shutdown_deadline_gives_leases_back_uncounted(db: TestDb) {
-    let started = Arc::new(tokio::sync::Notify::new());
-    let s = started.clone();
-    let rt = db
-        .runtime()
-        .shutdown_timeout(std::time::Duration::from_millis(50))
-        .poll_interval(std::time::Duration::from_millis(10))
-        .handler("stuck", move |_ctx| {
-            let s = s.clone();
-            async move {
-                s.notify_one();
-                tokio::time::sleep(std::time::Duration::from_secs(60)).await;
-                Ok(())
-            }
-        })
-        .build()
-        .await
-        .unwrap();
-    let id = rt
-        .queue()
-        .enqueue(ActionSpec::new("stuck", json!({})))
-        .await
-        .unwrap();
-    let handle = rt.start().await.unwrap();
-    started.notified().await;
-    handle.shutdown().await;
+    let (rt, id) = shutdown_during_handler(
+        &db,
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_millis(50),
+    )
+    .await;
     let a = rt.queue().get(id).await.unwrap();
     assert_eq!(a.status, ActionStatus::Pending, "lease given back");
     assert_eq!(a.attempt, 0, "the attempt is not counted");
