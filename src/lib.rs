@@ -33,10 +33,12 @@
 
 pub mod action;
 pub mod backoff;
+pub mod claims;
 pub mod cli;
 pub mod clock;
 pub mod error;
 pub mod handler;
+pub mod jobs;
 pub mod maintenance;
 pub mod queue;
 pub mod runner;
@@ -48,11 +50,20 @@ pub mod telemetry;
 
 pub use action::{ActionFilter, ActionOrder, ActionQuery, ActionSpec};
 pub use backoff::Backoff;
+pub use claims::{CompletionConfig, Descriptor, Identity};
 pub use clock::{Clock, SystemClock, TestClock};
 pub use error::{Error, Result};
 pub use handler::{ActionContext, HandlerError, HandlerResult};
+pub use jobs::api::Jobs;
+pub use jobs::pipeline::{Packet, Pipeline, StepContext, StepOutput};
 pub use queue::Queue;
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeHandle};
 pub use schedule::{Recurrence, ScheduleSpec};
 pub use state::ActionStatus;
+pub use state::JobStatus;
 pub use store::{connect, DynStore, Store};
+
+/// The README's code blocks, compiled as doctests so the README stays true to the code.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -2,9 +2,14 @@
 //! handle that stops the worker pool gracefully.
 
 use crate::backoff::Backoff;
+use crate::claims::{CompletionHandler, CompletionRegistry};
 use crate::clock::{Clock, SystemClock};
 use crate::error::Result;
 use crate::handler::{ActionContext, HandlerResult, Registry};
+use crate::jobs::api::Jobs;
+use crate::jobs::engine::{Engine, LifecycleHook, LifecycleHooks, ReprocessContext, ReprocessFn};
+use crate::jobs::pipeline::{Pipeline, PipelineRegistry};
+use crate::jobs::{JobEvent, STEP_HOOK};
 use crate::maintenance::{Maintenance, MaintenanceConfig, MaintenanceReport};
 use crate::queue::Queue;
 use crate::runner::{Runner, RunnerConfig};
@@ -29,9 +34,85 @@ pub struct RuntimeBuilder {
     maintenance: MaintenanceConfig,
     clock: Arc<dyn Clock>,
     migrate: bool,
+    pipelines: PipelineRegistry,
+    completions: CompletionRegistry,
+    lifecycle: LifecycleHooks,
+    reprocess: Option<ReprocessFn>,
+    invalid: Option<crate::Error>,
+}
+
+fn lifecycle_hook<F, Fut>(f: F) -> LifecycleHook
+where
+    F: Fn(JobEvent) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    Arc::new(move |e| Box::pin(f(e)))
 }
 
 impl RuntimeBuilder {
+    /// Registers a pipeline (J1). A second pipeline with the same name replaces the first; an
+    /// invalid one (no steps, bad names) makes `build` fail with an error naming it.
+    pub fn pipeline(mut self, pipeline: Pipeline) -> Self {
+        if let Err(e) = pipeline.validate() {
+            self.invalid.get_or_insert(e);
+        }
+        self.pipelines
+            .pipelines
+            .insert(pipeline.name.clone(), Arc::new(pipeline));
+        self
+    }
+
+    /// Registers a completion handler under `id` (C3); the tracked-items ledger
+    /// (`dockhand.tracked_items`) is registered already.
+    pub fn completion_handler(
+        mut self,
+        id: impl Into<String>,
+        handler: Arc<dyn CompletionHandler>,
+    ) -> Self {
+        self.completions.insert(id, handler);
+        self
+    }
+
+    /// Called after a job finishes `completed`, `completed_no_items` or `skipped` (J5).
+    pub fn on_job_completed<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(JobEvent) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.lifecycle.on_completed.push(lifecycle_hook(f));
+        self
+    }
+
+    /// Called after a job finishes `failed` (J5).
+    pub fn on_job_failed<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(JobEvent) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.lifecycle.on_failed.push(lifecycle_hook(f));
+        self
+    }
+
+    /// Called after a job reaches any final status (J5).
+    pub fn on_job_finished<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(JobEvent) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.lifecycle.on_finished.push(lifecycle_hook(f));
+        self
+    }
+
+    /// Decides whether a step may take an already processed item again (J7). Without one,
+    /// processed items are never reprocessed.
+    pub fn reprocess<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&ReprocessContext) -> bool + Send + Sync + 'static,
+    {
+        self.reprocess = Some(Arc::new(f));
+        self
+    }
+
     /// Registers the handler for `hook` (one handler per hook; a later one replaces it).
     pub fn handler<F, Fut>(mut self, hook: impl Into<String>, f: F) -> Self
     where
@@ -111,7 +192,10 @@ impl RuntimeBuilder {
     }
 
     /// Opens the store (if given a URL), migrates unless disabled, and returns the runtime.
-    pub async fn build(self) -> Result<Runtime> {
+    pub async fn build(mut self) -> Result<Runtime> {
+        if let Some(e) = self.invalid.take() {
+            return Err(e);
+        }
         let store = match self.source {
             StoreSource::Url(url) => crate::store::connect(&url).await?,
             StoreSource::Store(s) => s,
@@ -120,12 +204,37 @@ impl RuntimeBuilder {
             store.migrate().await?;
         }
         let queue = Queue::with_clock(Arc::clone(&store), Arc::clone(&self.clock));
-        let maintenance = Arc::new(Maintenance::new(
-            Arc::clone(&store),
-            Arc::clone(&self.clock),
-            self.maintenance,
-            self.runner.owner.clone(),
-        ));
+        let engine = Arc::new(Engine {
+            store: Arc::clone(&store),
+            clock: Arc::clone(&self.clock),
+            pipelines: self.pipelines,
+            completions: self.completions,
+            hooks: self.lifecycle,
+            reprocess: self.reprocess,
+            delivering: tokio::sync::Mutex::new(()),
+        });
+        if !engine.pipelines.pipelines.is_empty() {
+            let e = Arc::clone(&engine);
+            self.registry
+                .insert(STEP_HOOK, move |ctx| Arc::clone(&e).run_step(ctx));
+            let e = Arc::clone(&engine);
+            self.registry.observe_failures(
+                STEP_HOOK,
+                Arc::new(move |ctx, error| {
+                    let e = Arc::clone(&e);
+                    Box::pin(async move { e.on_step_failed(&ctx, &error).await })
+                }),
+            );
+        }
+        let maintenance = Arc::new(
+            Maintenance::new(
+                Arc::clone(&store),
+                Arc::clone(&self.clock),
+                self.maintenance,
+                self.runner.owner.clone(),
+            )
+            .with_outbox(Arc::clone(&engine)),
+        );
         let claim_hooks = self
             .runner
             .only_registered_hooks
@@ -143,6 +252,7 @@ impl RuntimeBuilder {
             queue,
             runner,
             maintenance,
+            engine,
         })
     }
 }
@@ -154,6 +264,7 @@ pub struct Runtime {
     queue: Queue,
     runner: Arc<Runner>,
     maintenance: Arc<Maintenance>,
+    engine: Arc<Engine>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -183,7 +294,17 @@ impl Runtime {
             maintenance: MaintenanceConfig::default(),
             clock: Arc::new(SystemClock),
             migrate: true,
+            pipelines: PipelineRegistry::default(),
+            completions: CompletionRegistry::with_builtins(),
+            lifecycle: LifecycleHooks::default(),
+            reprocess: None,
+            invalid: None,
         }
+    }
+
+    /// The job and item-claim API.
+    pub fn jobs(&self) -> Jobs {
+        self.engine.jobs()
     }
 
     /// The queue API.

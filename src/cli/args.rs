@@ -1,12 +1,13 @@
 //! Parsing and formatting of command-line values: durations (`30s`, `5m`, `1h30m`, `250ms`),
-//! RFC 3339 times, statuses and sort orders, plus the human formats used in tables.
+//! RFC 3339 times, action, job and claim statuses and sort orders, plus the human formats used
+//! in tables.
 //!
 //! The clap value parsers here only check syntax. Whether a value makes sense (a positive
 //! interval, a non-negative delay) is decided by the library, so its errors name the field.
 
 use crate::action::ActionOrder;
 use crate::error::{Error, Result};
-use crate::state::ActionStatus;
+use crate::state::{ActionStatus, ClaimStatus, JobStatus};
 use chrono::{DateTime, Duration, SecondsFormat, Utc};
 
 const DURATION_HELP: &str =
@@ -78,6 +79,19 @@ pub fn parse_time(text: &str) -> std::result::Result<DateTime<Utc>, String> {
 pub fn parse_status(text: &str) -> std::result::Result<ActionStatus, String> {
     text.trim()
         .parse::<ActionStatus>()
+        .map_err(|e| e.to_string())
+}
+
+/// Parses a job status name (`pending`, `processing`, `waiting`, `completed`,
+/// `completed_no_items`, `skipped`, `failed`, `cancelled`).
+pub fn parse_job_status(text: &str) -> std::result::Result<JobStatus, String> {
+    text.trim().parse::<JobStatus>().map_err(|e| e.to_string())
+}
+
+/// Parses an item-claim status name (`claimed`, `processed`, `deferred`).
+pub fn parse_claim_status(text: &str) -> std::result::Result<ClaimStatus, String> {
+    text.trim()
+        .parse::<ClaimStatus>()
         .map_err(|e| e.to_string())
 }
 
@@ -225,6 +239,21 @@ mod tests {
         assert!(parse_order("name").is_err());
         assert_eq!(parse_status("failed").unwrap(), ActionStatus::Failed);
         assert!(parse_status("done").unwrap_err().contains("unknown status"));
+        assert_eq!(
+            parse_job_status(" completed_no_items").unwrap(),
+            JobStatus::CompletedNoItems
+        );
+        let e = parse_job_status("canceled").unwrap_err();
+        assert!(
+            e.contains("unknown job status `canceled`") && e.contains("cancelled"),
+            "{e}"
+        );
+        assert_eq!(
+            parse_claim_status("deferred").unwrap(),
+            ClaimStatus::Deferred
+        );
+        let e = parse_claim_status("done").unwrap_err();
+        assert!(e.contains("claimed, processed, deferred"), "{e}");
         let t = parse_time("2030-01-01T10:00:00+01:00").unwrap();
         assert_eq!(fmt_time(t), "2030-01-01T09:00:00Z");
         assert!(parse_time("tomorrow").is_err());

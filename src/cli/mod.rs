@@ -4,23 +4,29 @@
 //! Every command opens the store named by `--database-url` through [`crate::store::connect`] and
 //! works through [`crate::Queue`]; human tables by default, JSON with `--json`. The commands live
 //! in `actions` (enqueue, list, show, cancel, retry), `schedules` (recurring enqueue,
-//! unschedule, schedules), `ops` (migrate, stats, prune, run) and `demo`; `args` parses
-//! durations and other values, `table` prints tables, `output` writes results and errors.
+//! unschedule, schedules), `jobs` (jobs list/show, manual-fail, cancel-job), `claims` (claims
+//! list), `ops` (migrate, stats, prune, run) and `demo`; `args` parses durations and other
+//! values, `table` prints tables, `output` writes results and errors.
 
 mod actions;
 pub mod args;
+mod claims;
 mod demo;
+mod jobs;
 mod ops;
 mod output;
 mod schedules;
 mod table;
 
+pub use claims::{ClaimListArgs, ClaimsCommand};
 pub use demo::{register_demo_hooks, DEMO_HOOKS};
+pub use jobs::{JobListArgs, JobsCommand};
 pub use output::CliError;
 use output::Output;
 
 use crate::action::{ActionFilter, ActionOrder, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY};
-use crate::state::ActionStatus;
+use crate::jobs::bridge::reason;
+use crate::state::{ActionStatus, JobStatus};
 use crate::{Error, Queue};
 use chrono::{DateTime, Duration, Utc};
 use clap::{ArgGroup, Args, Parser, Subcommand};
@@ -31,7 +37,8 @@ use std::sync::Arc;
 #[command(
     name = "dockhand",
     version,
-    about = "Operate a dockhand durable task queue: enqueue, inspect, cancel, retry, prune, run",
+    about = "Operate a dockhand durable task queue: enqueue, inspect, cancel, retry, prune, run; \
+             inspect jobs and item claims, fail or cancel jobs",
     after_help = "Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=dockhand=debug) for more."
 )]
 pub struct Cli {
@@ -107,6 +114,38 @@ pub enum Command {
     Stats,
     /// Delete old finished actions and their logs now (retention, run once).
     Prune(PruneArgs),
+    /// Inspect jobs (runs of pipelines): `jobs list`, `jobs show ID`.
+    #[command(subcommand)]
+    Jobs(JobsCommand),
+    /// Inspect item claims: `claims list`.
+    #[command(subcommand)]
+    Claims(ClaimsCommand),
+    /// Fail a job by hand through the terminal bridge, releasing its claimed items.
+    ///
+    /// Writes status `failed` with the reason, deletes the claims the job still holds (so
+    /// other jobs may take those items) and records the lifecycle event; a running
+    /// runtime's maintenance delivers it to the on_job_failed/on_job_finished hooks. A step
+    /// already running is not interrupted, but what it hands on is discarded. When the job is
+    /// already final, its standing status is printed, nothing changes and the exit status is
+    /// 0; an unknown id exits with status 1.
+    ManualFail {
+        /// The job id.
+        job: i64,
+        /// The reason stored with the failure.
+        #[arg(long, value_name = "R", default_value = reason::MANUAL)]
+        reason: String,
+    },
+    /// Cancel a job by hand through the terminal bridge (reason `manual`), releasing its
+    /// claimed items.
+    ///
+    /// Like manual-fail, with status `cancelled`: claims still held are deleted, the lifecycle
+    /// event goes to the outbox (on_job_finished), a running step is not interrupted but its
+    /// output is discarded. An already final job is reported with exit status 0; an unknown id
+    /// exits with status 1.
+    CancelJob {
+        /// The job id.
+        job: i64,
+    },
     /// Run a worker for the built-in demo hooks until Ctrl-C or SIGTERM.
     ///
     /// Serves demo.noop, demo.sleep, demo.flaky and demo.tick, applies migrations first, and on
@@ -302,6 +341,14 @@ async fn dispatch(command: Command, url: &str, q: &Queue, out: Output) -> Result
         Command::Schedules => schedules::schedules(q, out).await,
         Command::Stats => ops::stats(q, out).await,
         Command::Prune(a) => ops::prune(q, &a, out).await,
+        Command::Jobs(c) => jobs::run(q, c, out).await,
+        Command::Claims(c) => claims::run(q, c, out).await,
+        Command::ManualFail { job, reason } => {
+            jobs::finish_by_hand(q, job, JobStatus::Failed, &reason, out).await
+        }
+        Command::CancelJob { job } => {
+            jobs::finish_by_hand(q, job, JobStatus::Cancelled, reason::MANUAL, out).await
+        }
         // These two open their own runtime; `run` never routes them here.
         Command::Run(_) | Command::Demo(_) => Err(CliError::Failed(
             "internal error: command dispatched without its runtime".into(),
@@ -345,6 +392,12 @@ mod tests {
             "pending,failed"
         ])
         .is_ok());
+        assert!(parse(&["dockhand", "jobs", "list", "--status", "failed,cancelled"]).is_ok());
+        assert!(parse(&["dockhand", "jobs", "list", "--status", "canceled"]).is_err());
+        assert!(parse(&["dockhand", "claims", "list", "--status", "processed"]).is_ok());
+        assert!(parse(&["dockhand", "claims", "list", "--status", "done"]).is_err());
+        assert!(parse(&["dockhand", "manual-fail", "3", "--reason", "bad feed"]).is_ok());
+        assert!(parse(&["dockhand", "cancel-job", "3", "--reason", "x"]).is_err());
         assert!(parse(&[
             "dockhand",
             "list",

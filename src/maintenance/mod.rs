@@ -64,6 +64,8 @@ pub struct MaintenanceReport {
     pub rearmed: u64,
     /// Finished actions deleted.
     pub pruned: u64,
+    /// Job lifecycle events delivered from the outbox.
+    pub events_delivered: u64,
 }
 
 /// Runs the maintenance tasks.
@@ -72,6 +74,7 @@ pub struct Maintenance {
     clock: Arc<dyn Clock>,
     config: MaintenanceConfig,
     owner: String,
+    outbox: Option<Arc<crate::jobs::engine::Engine>>,
 }
 
 impl std::fmt::Debug for Maintenance {
@@ -99,7 +102,21 @@ impl Maintenance {
             clock,
             config,
             owner,
+            outbox: None,
         }
+    }
+
+    /// Also sweeps the job lifecycle outbox (replays events a crash left undelivered).
+    pub fn with_outbox(mut self, engine: Arc<crate::jobs::engine::Engine>) -> Self {
+        self.outbox = Some(engine);
+        self
+    }
+
+    async fn sweep_outbox(&self, report: &mut MaintenanceReport) -> Result<()> {
+        if let Some(engine) = &self.outbox {
+            report.events_delivered += engine.deliver_events().await? as u64;
+        }
+        Ok(())
     }
 
     /// Runs every task whose cluster lease this owner can take now.
@@ -115,6 +132,9 @@ impl Maintenance {
         if self.lease("retention", c.retention_interval).await? {
             self.prune(&mut report).await?;
         }
+        if self.lease("outbox", c.reaper_interval).await? {
+            self.sweep_outbox(&mut report).await?;
+        }
         Ok(report)
     }
 
@@ -124,6 +144,7 @@ impl Maintenance {
         self.reap(&mut report).await?;
         self.schedule(&mut report).await?;
         self.prune(&mut report).await?;
+        self.sweep_outbox(&mut report).await?;
         Ok(report)
     }
 

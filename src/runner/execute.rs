@@ -48,17 +48,20 @@ impl Runner {
             metrics::histogram!(telemetry::RUN_DURATION, "hook" => action.hook.clone())
                 .record(started.elapsed().as_secs_f64());
             let outcome = self.outcome(&action, end);
-            self.finish(&action, outcome).await
+            let result = self.finish(&action, &outcome).await;
+            if let (Some(FinishResult::Applied), Finish::Fail { error }) = (result, &outcome) {
+                if let Some(observer) = self.registry.failure_observer(&action.hook) {
+                    observer(self.context(&action), error.clone()).await;
+                }
+            }
+            result
         }
         .instrument(span)
         .await
     }
 
-    async fn run_handler(&self, action: &ClaimedAction) -> RunEnd {
-        let Some(handler) = self.registry.get(&action.hook) else {
-            return RunEnd::UnknownHook;
-        };
-        let ctx = ActionContext {
+    fn context(&self, action: &ClaimedAction) -> ActionContext {
+        ActionContext {
             action_id: action.id,
             hook: action.hook.clone(),
             args: action.args.clone(),
@@ -68,8 +71,14 @@ impl Runner {
             scheduled_at: action.scheduled_at,
             token: action.token,
             queue: self.queue.clone(),
+        }
+    }
+
+    async fn run_handler(&self, action: &ClaimedAction) -> RunEnd {
+        let Some(handler) = self.registry.get(&action.hook) else {
+            return RunEnd::UnknownHook;
         };
-        let mut task = AbortOnDrop(tokio::spawn(handler(ctx)));
+        let mut task = AbortOnDrop(tokio::spawn(handler(self.context(action))));
         let timeout = action
             .timeout_ms
             .map(|ms| Duration::from_millis(ms.max(0) as u64))
@@ -135,9 +144,9 @@ impl Runner {
     }
 
     /// Writes the finish, retrying transient database errors a few times in-process.
-    async fn finish(&self, action: &ClaimedAction, outcome: Finish) -> Option<FinishResult> {
+    async fn finish(&self, action: &ClaimedAction, outcome: &Finish) -> Option<FinishResult> {
         let lease = action.lease();
-        let write = || async { self.store.finish(lease, &outcome, self.clock.now()).await };
+        let write = || async { self.store.finish(lease, outcome, self.clock.now()).await };
         let result = write
             .retry(
                 ExponentialBuilder::default()
@@ -153,7 +162,7 @@ impl Runner {
         let hook = action.hook.clone();
         match result {
             Ok(FinishResult::Applied) => {
-                let name = match &outcome {
+                let name = match outcome {
                     Finish::Complete => telemetry::COMPLETED,
                     Finish::Fail { error } => {
                         tracing::warn!(error = %error, "action failed");

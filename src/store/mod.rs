@@ -7,210 +7,33 @@
 //! `running`; zero rows is reported as [`FinishResult::LeaseLost`], never as success.
 
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
+use crate::claims::ledger::TrackedItem;
+use crate::claims::{
+    ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,
+    CompletionRegistry, Descriptor, Identity, ItemClaim,
+};
 use crate::error::{Error, Result};
+use crate::jobs::packets::EncodedPacket;
+use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
 use crate::schedule::{PreparedSchedule, Schedule};
-use crate::state::ActionStatus;
+use crate::state::JobStatus;
 use async_trait::async_trait;
-use chrono::{DateTime, SecondsFormat, Utc};
-use serde::Serialize;
+use chrono::{DateTime, Utc};
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::watch;
 
+mod delegate;
+pub mod faulty;
 pub mod postgres;
 pub mod sqlite;
 pub mod traced;
+mod types;
 
-/// Which database a store talks to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// Embedded SQLite.
-    Sqlite,
-    /// PostgreSQL.
-    Postgres,
-}
-
-impl std::fmt::Display for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Backend::Sqlite => "sqlite",
-            Backend::Postgres => "postgres",
-        })
-    }
-}
-
-/// The result of an enqueue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Enqueued {
-    /// The action's id (the existing one for a unique duplicate).
-    pub id: i64,
-    /// False when a unique duplicate was found and nothing was inserted.
-    pub inserted: bool,
-}
-
-/// A runner's request for due actions.
-#[derive(Debug, Clone)]
-pub struct ClaimRequest<'a> {
-    /// The runner's owner id, stamped on the lease.
-    pub owner: &'a str,
-    /// How many actions at most (the runner's free slots).
-    pub limit: i64,
-    /// The current time: actions due at or before it are claimable.
-    pub now: DateTime<Utc>,
-    /// Lease expiry to stamp.
-    pub lease_until: DateTime<Utc>,
-    /// Claim only actions with these hooks (`None`: any hook; an action whose hook has no
-    /// handler then fails with an "unknown hook" error, as in Action Scheduler).
-    pub hooks: Option<&'a [String]>,
-}
-
-/// An action handed to a runner with its lease.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ClaimedAction {
-    /// Action id.
-    pub id: i64,
-    /// Hook name.
-    pub hook: String,
-    /// JSON args.
-    pub args: Value,
-    /// Group label.
-    pub group: Option<String>,
-    /// When it was due.
-    pub scheduled_at: DateTime<Utc>,
-    /// This attempt's number (1 for the first run).
-    pub attempt: i32,
-    /// Attempts allowed.
-    pub max_attempts: i32,
-    /// Per-run timeout, ms.
-    pub timeout_ms: Option<i64>,
-    /// The fencing token of this claim.
-    pub token: i64,
-}
-
-impl ClaimedAction {
-    /// The lease that guards finishing this claim.
-    pub fn lease(&self) -> Lease {
-        Lease {
-            id: self.id,
-            token: self.token,
-        }
-    }
-}
-
-/// What identifies one claim of one action: only its holder may finish it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Lease {
-    /// Action id.
-    pub id: i64,
-    /// Fencing token.
-    pub token: i64,
-}
-
-/// How a run ended, as written by [`Store::finish`].
-#[derive(Debug, Clone, PartialEq)]
-pub enum Finish {
-    /// Success: running → complete.
-    Complete,
-    /// Retryable failure with attempts left: running → pending at `at`.
-    Retry {
-        /// Next run time.
-        at: DateTime<Utc>,
-        /// The error text kept as `last_error`.
-        error: String,
-    },
-    /// Fatal failure or attempts exhausted: running → failed.
-    Fail {
-        /// The error text kept as `last_error`.
-        error: String,
-    },
-    /// Run later without using an attempt: running → pending at `at`.
-    Snooze {
-        /// Next run time.
-        at: DateTime<Utc>,
-    },
-    /// Graceful shutdown gives the lease back, attempt uncounted: running → pending now.
-    Release,
-}
-
-impl Finish {
-    /// The status this finish writes.
-    pub fn target(&self) -> ActionStatus {
-        match self {
-            Finish::Complete => ActionStatus::Complete,
-            Finish::Fail { .. } => ActionStatus::Failed,
-            _ => ActionStatus::Pending,
-        }
-    }
-
-    /// (event, detail) for the action log.
-    pub(crate) fn log_entry(&self) -> (&'static str, Option<String>) {
-        match self {
-            Finish::Complete => ("completed", None),
-            Finish::Retry { at, error } => (
-                "retry",
-                Some(format!(
-                    "{error} (next run {})",
-                    at.to_rfc3339_opts(SecondsFormat::Millis, true)
-                )),
-            ),
-            Finish::Fail { error } => ("failed", Some(error.clone())),
-            Finish::Snooze { at } => (
-                "snoozed",
-                Some(format!(
-                    "until {}",
-                    at.to_rfc3339_opts(SecondsFormat::Millis, true)
-                )),
-            ),
-            Finish::Release => ("released", Some("shutdown".into())),
-        }
-    }
-}
-
-/// Whether a guarded finish took effect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use]
-pub enum FinishResult {
-    /// The write happened.
-    Applied,
-    /// The lease was no longer ours (expired and reclaimed, canceled, or already finished):
-    /// nothing was written except a `lease_lost` log entry.
-    LeaseLost,
-}
-
-/// What the lease reaper did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct ReapReport {
-    /// Expired leases put back to pending (attempt counted).
-    pub requeued: u64,
-    /// Expired leases with no attempts left, marked failed.
-    pub failed: u64,
-}
-
-/// Age limits for retention.
-#[derive(Debug, Clone, Copy)]
-pub struct PruneCutoffs {
-    /// Delete complete and canceled actions finished before this.
-    pub finished_before: DateTime<Utc>,
-    /// Delete failed actions finished before this.
-    pub failed_before: DateTime<Utc>,
-    /// At most this many actions per batch (one transaction per batch).
-    pub batch: i64,
-}
-
-/// Queue statistics (`dockhand stats`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct QueueStats {
-    /// Count per status.
-    pub by_status: BTreeMap<String, i64>,
-    /// Count per (group, status); the empty string stands for "no group".
-    pub by_group: BTreeMap<String, BTreeMap<String, i64>>,
-    /// Pending actions that are due now.
-    pub past_due: i64,
-    /// How late the oldest due pending action is, in milliseconds.
-    pub oldest_due_lag_ms: Option<i64>,
-}
+pub use types::{
+    Backend, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult, Lease, PruneCutoffs,
+    QueueStats, ReapReport,
+};
 
 /// Every database action the runtime needs. Implemented by [`sqlite::SqliteStore`] and
 /// [`postgres::PgStore`]; tests wrap it to inject faults. All times come from the caller's clock.
@@ -316,6 +139,135 @@ pub trait Store: Send + Sync + 'static {
         until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<bool>;
+
+    // ----- jobs (J1–J7) ---------------------------------------------------------------
+
+    /// In one transaction: inserts the job (`pending`) and enqueues its first step action
+    /// (`job.step.action(id, 0, now)`). Returns the job id.
+    async fn create_job(&self, job: &NewJob, now: DateTime<Utc>) -> Result<i64>;
+
+    /// One job.
+    async fn get_job(&self, id: i64) -> Result<Option<Job>>;
+
+    /// Jobs by filter, newest first.
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>>;
+
+    /// A step starts: `pending → processing` (or already `processing`) when the job's
+    /// `step_index` is `step`. Returns the job, or `None` when it is final, waiting, or at
+    /// another step (a stale step action: the caller does nothing).
+    async fn start_step(&self, job_id: i64, step: i32, now: DateTime<Utc>) -> Result<Option<Job>>;
+
+    /// In one transaction: compare-and-swap `step_index` from `from_step` to `to_step` (status
+    /// must be `processing`), store `input_refs`, and enqueue `step.action(job, to_step, now)`.
+    /// False (nothing written) when the job moved on or is no longer processing.
+    async fn advance_job(
+        &self,
+        job_id: i64,
+        from_step: i32,
+        to_step: i32,
+        input_refs: &[String],
+        step: &StepAction,
+        now: DateTime<Utc>,
+    ) -> Result<bool>;
+
+    /// Parks a job: `processing → waiting` at `to_step` with `input_refs`, guarded by
+    /// `from_step`. False when it moved on.
+    async fn park_job(
+        &self,
+        job_id: i64,
+        from_step: i32,
+        to_step: i32,
+        input_refs: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<bool>;
+
+    /// Resumes a parked job: `waiting → processing` and enqueue the step action for its
+    /// `step_index`, in one transaction. False when it was not waiting.
+    async fn resume_job(&self, job_id: i64, step: &StepAction, now: DateTime<Utc>) -> Result<bool>;
+
+    /// The terminal bridge's transaction (J4). Locks the job row. If it is final already:
+    /// `AlreadyFinal`. Otherwise, for a success status (completed, completed_no_items,
+    /// skipped): completes every claim the job owns (status `claimed`, `job_id` = job),
+    /// running its completion handler (resolved from `completions` by the config stored on the
+    /// claim row) inside this transaction and marking it processed or deleting it per
+    /// `retain_processed`; any failure rolls everything back and returns
+    /// `ClaimCompletionFailed`. For failed/cancelled: deletes every claim the job owns that is
+    /// still `claimed`. Then writes status, reason and `finished_at` with a compare-and-swap on
+    /// the status read, inserts the lifecycle event into `dockhand_job_events`, and commits.
+    async fn finish_job(
+        &self,
+        job_id: i64,
+        status: JobStatus,
+        reason: Option<&str>,
+        completions: &CompletionRegistry,
+        now: DateTime<Utc>,
+    ) -> Result<BridgeOutcome>;
+
+    /// A job's engine data and its version (E1).
+    async fn engine_data(&self, job_id: i64) -> Result<Option<(Value, i64)>>;
+
+    /// Writes engine data only if the version is still `expected_version` (then bumps it).
+    /// False on conflict.
+    async fn cas_engine_data(
+        &self,
+        job_id: i64,
+        expected_version: i64,
+        data: &Value,
+    ) -> Result<bool>;
+
+    /// Lifecycle events not yet delivered, oldest first.
+    async fn undelivered_events(&self, limit: i64) -> Result<Vec<JobEvent>>;
+
+    /// Marks an event delivered; false if it already was.
+    async fn mark_event_delivered(&self, event_id: i64, now: DateTime<Utc>) -> Result<bool>;
+
+    // ----- packets (E3) -----------------------------------------------------------------
+
+    /// Stores packet bodies under their hashes (insert-if-absent).
+    async fn put_packets(&self, packets: &[EncodedPacket], now: DateTime<Utc>) -> Result<()>;
+
+    /// A stored packet body by hash (unverified; see `jobs::packets::verify`).
+    async fn packet_body(&self, hash: &str) -> Result<Option<String>>;
+
+    // ----- item claims (C1–C8) ------------------------------------------------------------
+
+    /// One atomic statement or transaction (C2): absent, deferred, expired (takeover) or —
+    /// when `req.reprocess` — processed rows become `claimed` by a new token with
+    /// `job_id`/`completion` from the request and `expires_at = now + ttl`; an active claim by
+    /// someone else is `HeldByOther`; a claim already held by the requesting job is returned
+    /// with its existing token and a renewed expiry; a processed row without `reprocess` is
+    /// `AlreadyProcessed`, neither raising nor logging a database error. The identity's parts
+    /// are compared in full, not only its hash.
+    async fn claim_item(&self, req: &ClaimItemRequest, now: DateTime<Utc>) -> Result<ClaimOutcome>;
+
+    /// The stored row for an identity.
+    async fn get_claim(&self, identity: &Identity) -> Result<Option<ItemClaim>>;
+
+    /// In one transaction (C4): lock the row where the hash/parts match, the token matches and
+    /// the status is `claimed` (none: `Lost`, nothing runs); run `handler` on this transaction;
+    /// mark processed (or delete when `retain_processed` is false); commit. A handler error
+    /// rolls back its writes and the transition together and is returned as an error. An
+    /// expired claim nobody took over may still be completed by its token.
+    async fn complete_claim(
+        &self,
+        descriptor: &Descriptor,
+        handler: Option<Arc<dyn CompletionHandler>>,
+        now: DateTime<Utc>,
+    ) -> Result<CompleteOutcome>;
+
+    /// Deletes the claim (or marks it `deferred`) only while the token still holds it (C5).
+    async fn release_claim(
+        &self,
+        descriptor: &Descriptor,
+        defer: bool,
+        now: DateTime<Utc>,
+    ) -> Result<bool>;
+
+    /// Claims by filter.
+    async fn list_claims(&self, filter: &ClaimFilter) -> Result<Vec<ItemClaim>>;
+
+    /// A tracked-items ledger row (C8).
+    async fn tracked_item(&self, namespace: &str, item_id: &str) -> Result<Option<TrackedItem>>;
 
     /// A receiver that changes whenever an action is enqueued in this process (and, on
     /// PostgreSQL once [`Store::listen`] runs, in any process).

@@ -1,8 +1,11 @@
 //! The PostgreSQL backend: many runners on many machines sharing one queue.
 //!
 //! Layout (the same in every backend): `mod.rs` opens the pool and implements [`Store`] by
-//! delegating to `enqueue`, `claim`, `finish`, `query`, `schedule` and `maintenance`; `listen`
-//! (PostgreSQL only) owns the wake-up channel name and the LISTEN task.
+//! delegating to `enqueue`, `claim`, `finish`, `query`, `schedule` and `maintenance` (actions),
+//! `jobs` (jobs, engine data, the event outbox, packets), `bridge` (the terminal bridge's
+//! transaction), `claims` (item claims) and `ledger` (the tracked-items rows the shipped
+//! completion handler writes); `listen` (PostgreSQL only) owns the wake-up channel name and the
+//! LISTEN task.
 //!
 //! Concurrency comes from row locks instead of a single writer: claims and the reaper pick rows
 //! with `FOR UPDATE SKIP LOCKED`, unique enqueues rely on `ON CONFLICT … DO NOTHING` waiting for
@@ -11,9 +14,13 @@
 //! Enqueues of due actions send `pg_notify` on a per-schema channel in the same transaction, so
 //! runners in other processes wake as soon as the insert commits (see [`Store::listen`]).
 
+mod bridge;
 mod claim;
+mod claims;
 mod enqueue;
 mod finish;
+mod jobs;
+pub mod ledger;
 mod listen;
 mod maintenance;
 mod query;
@@ -24,10 +31,19 @@ use super::{
     QueueStats, ReapReport, Store, Wakeup,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
+use crate::claims::ledger::TrackedItem;
+use crate::claims::{
+    ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,
+    CompletionRegistry, Descriptor, Identity, ItemClaim,
+};
 use crate::error::{Error, Result};
+use crate::jobs::packets::EncodedPacket;
+use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
 use crate::schedule::{PreparedSchedule, Schedule};
+use crate::state::JobStatus;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection, Postgres, Transaction};
 use std::str::FromStr;
@@ -333,6 +349,134 @@ impl Store for PgStore {
         now: DateTime<Utc>,
     ) -> Result<bool> {
         maintenance::try_lease(self, task, owner, until, now).await
+    }
+
+    async fn create_job(&self, job: &NewJob, now: DateTime<Utc>) -> Result<i64> {
+        let id = jobs::create_job(self, job, now).await?;
+        self.wake.notify();
+        Ok(id)
+    }
+
+    async fn get_job(&self, id: i64) -> Result<Option<Job>> {
+        jobs::get_job(self, id).await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+        jobs::list_jobs(self, filter).await
+    }
+
+    async fn start_step(&self, job_id: i64, step: i32, now: DateTime<Utc>) -> Result<Option<Job>> {
+        jobs::start_step(self, job_id, step, now).await
+    }
+
+    async fn advance_job(
+        &self,
+        job_id: i64,
+        from_step: i32,
+        to_step: i32,
+        input_refs: &[String],
+        step: &StepAction,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let moved =
+            jobs::advance_job(self, job_id, from_step, to_step, input_refs, step, now).await?;
+        if moved {
+            self.wake.notify();
+        }
+        Ok(moved)
+    }
+
+    async fn park_job(
+        &self,
+        job_id: i64,
+        from_step: i32,
+        to_step: i32,
+        input_refs: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        jobs::park_job(self, job_id, from_step, to_step, input_refs, now).await
+    }
+
+    async fn resume_job(&self, job_id: i64, step: &StepAction, now: DateTime<Utc>) -> Result<bool> {
+        let resumed = jobs::resume_job(self, job_id, step, now).await?;
+        if resumed {
+            self.wake.notify();
+        }
+        Ok(resumed)
+    }
+
+    async fn finish_job(
+        &self,
+        job_id: i64,
+        status: JobStatus,
+        reason: Option<&str>,
+        completions: &CompletionRegistry,
+        now: DateTime<Utc>,
+    ) -> Result<BridgeOutcome> {
+        bridge::finish_job(self, job_id, status, reason, completions, now).await
+    }
+
+    async fn engine_data(&self, job_id: i64) -> Result<Option<(Value, i64)>> {
+        jobs::engine_data(self, job_id).await
+    }
+
+    async fn cas_engine_data(
+        &self,
+        job_id: i64,
+        expected_version: i64,
+        data: &Value,
+    ) -> Result<bool> {
+        jobs::cas_engine_data(self, job_id, expected_version, data).await
+    }
+
+    async fn undelivered_events(&self, limit: i64) -> Result<Vec<JobEvent>> {
+        jobs::undelivered_events(self, limit).await
+    }
+
+    async fn mark_event_delivered(&self, event_id: i64, now: DateTime<Utc>) -> Result<bool> {
+        jobs::mark_event_delivered(self, event_id, now).await
+    }
+
+    async fn put_packets(&self, packets: &[EncodedPacket], now: DateTime<Utc>) -> Result<()> {
+        jobs::put_packets(self, packets, now).await
+    }
+
+    async fn packet_body(&self, hash: &str) -> Result<Option<String>> {
+        jobs::packet_body(self, hash).await
+    }
+
+    async fn claim_item(&self, req: &ClaimItemRequest, now: DateTime<Utc>) -> Result<ClaimOutcome> {
+        claims::claim_item(self, req, now).await
+    }
+
+    async fn get_claim(&self, identity: &Identity) -> Result<Option<ItemClaim>> {
+        claims::get_claim(self, identity).await
+    }
+
+    async fn complete_claim(
+        &self,
+        descriptor: &Descriptor,
+        handler: Option<Arc<dyn CompletionHandler>>,
+        now: DateTime<Utc>,
+    ) -> Result<CompleteOutcome> {
+        claims::complete_claim(self, descriptor, handler, now).await
+    }
+
+    async fn release_claim(
+        &self,
+        descriptor: &Descriptor,
+        defer: bool,
+        _now: DateTime<Utc>,
+    ) -> Result<bool> {
+        claims::release_claim(self, descriptor, defer).await
+    }
+
+    async fn list_claims(&self, filter: &ClaimFilter) -> Result<Vec<ItemClaim>> {
+        claims::list_claims(self, filter).await
+    }
+
+    async fn tracked_item(&self, namespace: &str, item_id: &str) -> Result<Option<TrackedItem>> {
+        claims::tracked_item(self, namespace, item_id).await
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

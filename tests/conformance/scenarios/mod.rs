@@ -1,10 +1,16 @@
 //! Scenario bodies, each an `async fn(TestDb)` run once per backend by `conformance!`.
 
+mod claims;
+mod faults;
+mod jobs;
 mod queue_api;
 mod runner;
 mod schedules;
 mod store_api;
 
+pub use claims::*;
+pub use faults::*;
+pub use jobs::*;
 pub use queue_api::*;
 pub use runner::*;
 pub use schedules::*;

@@ -1,4 +1,4 @@
-//! The action state machine: the one place that says which status changes are allowed.
+//! The action state machine.
 //!
 //! ```text
 //!   pending ──claim──▶ running ──complete──▶ complete

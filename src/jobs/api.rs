@@ -1,0 +1,215 @@
+//! The job API: start pipeline runs, read jobs, fail/cancel/resume them, change engine data,
+//! and take item claims outside a step.
+
+use super::bridge::{reason, Finished};
+use super::engine::Engine;
+use super::{packets, Job, JobFilter, NewJob};
+use crate::claims::{
+    ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionConfig, Descriptor, Identity,
+    ItemClaim,
+};
+use crate::error::{Error, Result};
+use crate::state::JobStatus;
+use serde_json::Value;
+use std::sync::Arc;
+
+/// A handle on jobs and item claims. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Jobs {
+    engine: Arc<Engine>,
+}
+
+impl Jobs {
+    pub(crate) fn new(engine: Arc<Engine>) -> Self {
+        Self { engine }
+    }
+
+    /// Starts a run of `pipeline` with `input` as its first step's input packet; returns the
+    /// job id. The job is created `pending` together with its first step action.
+    pub async fn start(&self, pipeline: &str, input: Value) -> Result<i64> {
+        let p = self
+            .engine
+            .pipelines
+            .pipelines
+            .get(pipeline)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "pipeline",
+                    format!("no pipeline registered as `{pipeline}`"),
+                )
+            })?;
+        let encoded = packets::encode(&input)?;
+        let now = self.engine.clock.now();
+        self.engine
+            .store
+            .put_packets(std::slice::from_ref(&encoded), now)
+            .await?;
+        self.engine
+            .store
+            .create_job(
+                &NewJob {
+                    pipeline: pipeline.to_string(),
+                    input_refs: vec![encoded.reference],
+                    engine_data: serde_json::json!({}),
+                    step: p.step_action(),
+                },
+                now,
+            )
+            .await
+    }
+
+    /// One job.
+    pub async fn get(&self, id: i64) -> Result<Job> {
+        self.engine
+            .store
+            .get_job(id)
+            .await?
+            .ok_or(Error::NotFound { what: "job", id })
+    }
+
+    /// Jobs by filter, newest first.
+    pub async fn list(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+        self.engine.store.list_jobs(filter).await
+    }
+
+    /// Fails a job by hand through the terminal bridge (reason defaults to `manual`); its
+    /// claims are released.
+    pub async fn manual_fail(&self, id: i64, why: Option<&str>) -> Result<Finished> {
+        self.finish(id, JobStatus::Failed, Some(why.unwrap_or(reason::MANUAL)))
+            .await
+    }
+
+    /// Cancels a job through the terminal bridge; its claims are released.
+    pub async fn cancel(&self, id: i64) -> Result<Finished> {
+        self.finish(id, JobStatus::Cancelled, Some(reason::MANUAL))
+            .await
+    }
+
+    /// Finishes a job with any final status through the terminal bridge.
+    pub async fn finish(&self, id: i64, status: JobStatus, why: Option<&str>) -> Result<Finished> {
+        self.get(id).await?;
+        self.engine.bridge(id, status, why).await
+    }
+
+    /// Resumes a parked (`waiting`) job; false when it was not waiting.
+    pub async fn resume(&self, id: i64) -> Result<bool> {
+        let job = self.get(id).await?;
+        let p = self
+            .engine
+            .pipelines
+            .pipelines
+            .get(&job.pipeline)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "pipeline",
+                    format!("no pipeline registered as `{}`", job.pipeline),
+                )
+            })?;
+        self.engine
+            .store
+            .resume_job(id, &p.step_action(), self.engine.clock.now())
+            .await
+    }
+
+    /// The job's engine data.
+    pub async fn engine_data(&self, id: i64) -> Result<Value> {
+        Ok(self
+            .engine
+            .store
+            .engine_data(id)
+            .await?
+            .ok_or(Error::NotFound { what: "job", id })?
+            .0)
+    }
+
+    /// Changes the job's engine data by compare-and-swap with bounded retries (E1).
+    pub async fn mutate<F>(&self, id: i64, f: F) -> Result<Value>
+    where
+        F: Fn(&mut Value) + Send + Sync,
+    {
+        super::engine_data::mutate(&self.engine.store, id, f).await
+    }
+
+    /// Claims an item outside a step (C2): `None` when someone else actively holds it or it
+    /// was processed already (pass `reprocess` to take a processed item again).
+    pub async fn claim(
+        &self,
+        identity: Identity,
+        job_id: Option<i64>,
+        ttl: chrono::Duration,
+        completion: CompletionConfig,
+        reprocess: bool,
+    ) -> Result<Option<Descriptor>> {
+        identity.validate()?;
+        if ttl <= chrono::Duration::zero() {
+            return Err(Error::invalid("ttl", "must be positive"));
+        }
+        let req = ClaimItemRequest {
+            identity,
+            job_id,
+            ttl,
+            completion,
+            reprocess,
+        };
+        match self
+            .engine
+            .store
+            .claim_item(&req, self.engine.clock.now())
+            .await?
+        {
+            ClaimOutcome::Claimed(d) => self.engine.keep_if_job_live(d).await,
+            ClaimOutcome::HeldByOther | ClaimOutcome::AlreadyProcessed => Ok(None),
+        }
+    }
+
+    /// Legacy job-owned claim (C6): true when `job_id` now owns the item.
+    pub async fn claim_item(
+        &self,
+        scope: &str,
+        source_type: &str,
+        item_id: &str,
+        job_id: i64,
+    ) -> Result<bool> {
+        let identity = Identity::new(scope, source_type, item_id)?;
+        Ok(self
+            .claim(
+                identity,
+                Some(job_id),
+                crate::claims::DEFAULT_CLAIM_TTL,
+                CompletionConfig::default(),
+                false,
+            )
+            .await?
+            .is_some())
+    }
+
+    /// Completes a claim with its completion handler in one transaction (C4). `Lost` when the
+    /// token no longer holds the claim; an error when the handler fails (nothing persists) or
+    /// the descriptor names an unregistered handler.
+    pub async fn complete(&self, descriptor: &Descriptor) -> Result<CompleteOutcome> {
+        descriptor.identity.validate()?;
+        let handler = self.engine.completions.resolve(&descriptor.completion)?;
+        self.engine
+            .store
+            .complete_claim(descriptor, handler, self.engine.clock.now())
+            .await
+    }
+
+    /// Releases a claim (or defers it) while the token still holds it (C5).
+    pub async fn release(&self, descriptor: &Descriptor, defer: bool) -> Result<bool> {
+        self.engine
+            .store
+            .release_claim(descriptor, defer, self.engine.clock.now())
+            .await
+    }
+
+    /// The stored claim of an item.
+    pub async fn claim_state(&self, identity: &Identity) -> Result<Option<ItemClaim>> {
+        self.engine.store.get_claim(identity).await
+    }
+
+    /// Delivers undelivered lifecycle events now (the maintenance sweep does this too).
+    pub async fn deliver_events(&self) -> Result<usize> {
+        self.engine.deliver_events().await
+    }
+}

@@ -1,0 +1,370 @@
+//! The job engine: runs `dockhand.job.step` actions (J1, J2, J6), takes item claims for steps
+//! with the reprocess decision (J7), and delivers lifecycle events from the outbox (J5).
+
+use super::bridge::{self, reason};
+use super::packets;
+use super::pipeline::{Packet, PipelineRegistry, StepContext, StepOutput};
+use super::{JobEvent, StepAction};
+use crate::claims::{
+    ClaimItemRequest, ClaimOutcome, CompletionConfig, CompletionRegistry, Descriptor, Identity,
+    DEFAULT_CLAIM_TTL,
+};
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::handler::{ActionContext, HandlerError, HandlerResult};
+use crate::state::JobStatus;
+use crate::store::DynStore;
+use futures_util::future::BoxFuture;
+use std::sync::Arc;
+
+/// A lifecycle hook: called with each final job event after its commit, at least once.
+pub type LifecycleHook = Arc<dyn Fn(JobEvent) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// What the reprocess callback is told (J7).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReprocessContext {
+    /// The executing step's real id (`pipeline/step`), never the shared scope.
+    pub step_id: String,
+    /// The identity scope the claim is in.
+    pub scope: String,
+    /// Source type.
+    pub source_type: String,
+    /// Item id.
+    pub item_id: String,
+    /// The job asking.
+    pub job_id: i64,
+}
+
+/// Decides whether an already processed item should run again.
+pub type ReprocessFn = Arc<dyn Fn(&ReprocessContext) -> bool + Send + Sync>;
+
+/// Lifecycle hooks by stage.
+#[derive(Clone, Default)]
+pub(crate) struct LifecycleHooks {
+    pub(crate) on_completed: Vec<LifecycleHook>,
+    pub(crate) on_failed: Vec<LifecycleHook>,
+    pub(crate) on_finished: Vec<LifecycleHook>,
+}
+
+/// Everything the job machinery shares.
+pub struct Engine {
+    pub(crate) store: DynStore,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) pipelines: PipelineRegistry,
+    pub(crate) completions: CompletionRegistry,
+    pub(crate) hooks: LifecycleHooks,
+    pub(crate) reprocess: Option<ReprocessFn>,
+    /// Serialises outbox delivery in this process.
+    pub(crate) delivering: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("pipelines", &self.pipelines)
+            .field("completions", &self.completions)
+            .finish()
+    }
+}
+
+/// Parses `{"job": i64, "step": i32}`.
+fn step_args(ctx: &ActionContext) -> Result<(i64, i32)> {
+    let job = ctx.args.get("job").and_then(|v| v.as_i64());
+    let step = ctx
+        .args
+        .get("step")
+        .and_then(|v| v.as_i64())
+        .and_then(|s| i32::try_from(s).ok());
+    match (job, step) {
+        (Some(j), Some(s)) => Ok((j, s)),
+        _ => Err(Error::invalid(
+            "args",
+            format!(
+                "action {}: step actions need {{\"job\": int, \"step\": int}}, got {}",
+                ctx.action_id, ctx.args
+            ),
+        )),
+    }
+}
+
+impl Engine {
+    /// The job API over this engine.
+    pub fn jobs(self: &Arc<Self>) -> super::api::Jobs {
+        super::api::Jobs::new(Arc::clone(self))
+    }
+
+    pub(crate) async fn bridge(
+        &self,
+        job_id: i64,
+        status: JobStatus,
+        reason: Option<&str>,
+    ) -> Result<bridge::Finished> {
+        let done = bridge::finish(
+            &self.store,
+            &self.completions,
+            job_id,
+            status,
+            reason,
+            self.clock.now(),
+        )
+        .await?;
+        if done.changed {
+            if let Err(e) = self.deliver_events().await {
+                tracing::warn!(job_id, error = %e, "lifecycle delivery deferred to the outbox sweep");
+            }
+        }
+        Ok(done)
+    }
+
+    /// Runs one `dockhand.job.step` action (the handler the runtime registers for it).
+    pub(crate) async fn run_step(self: Arc<Self>, action: ActionContext) -> HandlerResult {
+        let (job_id, step) = step_args(&action).map_err(HandlerError::fatal)?;
+        let now = self.clock.now();
+        let Some(job) = self
+            .store
+            .start_step(job_id, step, now)
+            .await
+            .map_err(HandlerError::retry)?
+        else {
+            tracing::debug!(job_id, step, "stale step action: the job moved on");
+            return Ok(());
+        };
+        let Some(pipeline) = self.pipelines.pipelines.get(&job.pipeline).cloned() else {
+            return self
+                .unrunnable(job_id, format!("unknown pipeline `{}`", job.pipeline))
+                .await;
+        };
+        let Some(def) = usize::try_from(step)
+            .ok()
+            .and_then(|i| pipeline.steps.get(i))
+            .cloned()
+        else {
+            return self
+                .unrunnable(
+                    job_id,
+                    format!("pipeline `{}` has no step {step}", job.pipeline),
+                )
+                .await;
+        };
+        let mut inputs = Vec::with_capacity(job.input_refs.len());
+        for r in &job.input_refs {
+            let hash = match packets::parse_ref(r) {
+                Ok(h) => h,
+                Err(e) => return self.unrunnable(job_id, e.to_string()).await,
+            };
+            let body = self
+                .store
+                .packet_body(hash)
+                .await
+                .map_err(HandlerError::retry)?;
+            match packets::verify(r, body) {
+                Ok(v) => inputs.push(v),
+                Err(e) => return self.unrunnable(job_id, e.to_string()).await,
+            }
+        }
+        let ctx = StepContext {
+            job_id,
+            pipeline: pipeline.name.clone(),
+            step: def.name.clone(),
+            step_index: step,
+            attempt: action.attempt,
+            inputs,
+            scope: def
+                .scope
+                .clone()
+                .unwrap_or_else(|| format!("{}/{}", pipeline.name, def.name)),
+            completion: def.completion.clone(),
+            engine: Arc::clone(&self),
+        };
+        let output = (def.run)(ctx).await?;
+        let last = usize::try_from(step + 1).map_or(true, |n| n >= pipeline.steps.len());
+        let template = pipeline.step_action();
+        match output {
+            StepOutput::Skip => self.finish_from_step(job_id, JobStatus::Skipped).await,
+            StepOutput::Packets(p) if p.is_empty() => {
+                self.finish_from_step(job_id, JobStatus::CompletedNoItems).await
+            }
+            StepOutput::Packets(_) if last => self.finish_from_step(job_id, JobStatus::Completed).await,
+            StepOutput::Packets(p) if p.len() > 1 && !def.inline => Err(HandlerError::fatal(format!(
+                "step `{}` emitted {} packets: batch fan-out is not available yet; mark the step `.inline()` to pass them all to the next step",
+                def.name,
+                p.len()
+            ))),
+            StepOutput::Packets(p) => self.continue_inline(job_id, step, &p, &template, false).await,
+            StepOutput::Park(p) => self.continue_inline(job_id, step, &p, &template, true).await,
+        }
+    }
+
+    async fn unrunnable(&self, job_id: i64, what: String) -> HandlerResult {
+        tracing::error!(job_id, %what, "job cannot run");
+        self.finish_from_step_with(job_id, JobStatus::Failed, Some(reason::UNRUNNABLE))
+            .await
+    }
+
+    async fn finish_from_step_with(
+        &self,
+        job_id: i64,
+        status: JobStatus,
+        why: Option<&str>,
+    ) -> HandlerResult {
+        self.bridge(job_id, status, why)
+            .await
+            .map(|_| ())
+            .map_err(HandlerError::retry)
+    }
+
+    async fn finish_from_step(&self, job_id: i64, status: JobStatus) -> HandlerResult {
+        self.finish_from_step_with(job_id, status, None).await
+    }
+
+    /// Stores the packets and hands them to the next step on the same job (or parks it there).
+    async fn continue_inline(
+        &self,
+        job_id: i64,
+        step: i32,
+        packets_out: &[Packet],
+        template: &StepAction,
+        park: bool,
+    ) -> HandlerResult {
+        let encoded = packets_out
+            .iter()
+            .map(|p| packets::encode(&p.data))
+            .collect::<Result<Vec<_>>>()
+            .map_err(HandlerError::fatal)?;
+        let now = self.clock.now();
+        self.store
+            .put_packets(&encoded, now)
+            .await
+            .map_err(HandlerError::retry)?;
+        let refs: Vec<String> = encoded.into_iter().map(|e| e.reference).collect();
+        let moved = if park {
+            self.store
+                .park_job(job_id, step, step + 1, &refs, now)
+                .await
+        } else {
+            self.store
+                .advance_job(job_id, step, step + 1, &refs, template, now)
+                .await
+        }
+        .map_err(HandlerError::retry)?;
+        if !moved {
+            tracing::debug!(
+                job_id,
+                step,
+                "job moved on before this step finished; output dropped"
+            );
+        }
+        Ok(())
+    }
+
+    /// Called by the runner when a step action ended `failed` for good: the job follows it
+    /// through the bridge (`retry_exhausted` after the last attempt, `step_failed` for a fatal
+    /// error).
+    pub(crate) async fn on_step_failed(&self, action: &ActionContext, error: &str) {
+        let Ok((job_id, _)) = step_args(action) else {
+            return;
+        };
+        let why = if action.attempt >= action.max_attempts {
+            reason::RETRY_EXHAUSTED
+        } else {
+            reason::STEP_FAILED
+        };
+        tracing::warn!(job_id, %error, reason = why, "step failed for good");
+        if let Err(e) = self.bridge(job_id, JobStatus::Failed, Some(why)).await {
+            tracing::error!(job_id, error = %e, "could not finish the job; recover-stuck will");
+        }
+    }
+
+    /// Claims `identity` for the step's job; when it was processed already, asks the reprocess
+    /// callback (with the executing step's id) whether to take it again.
+    pub(crate) async fn claim_for_step(
+        &self,
+        ctx: &StepContext,
+        identity: Identity,
+        completion: CompletionConfig,
+    ) -> Result<Option<Descriptor>> {
+        let mut req = ClaimItemRequest {
+            identity,
+            job_id: Some(ctx.job_id),
+            ttl: DEFAULT_CLAIM_TTL,
+            completion,
+            reprocess: false,
+        };
+        loop {
+            match self.store.claim_item(&req, self.clock.now()).await? {
+                ClaimOutcome::Claimed(d) => return self.keep_if_job_live(d).await,
+                ClaimOutcome::HeldByOther => return Ok(None),
+                ClaimOutcome::AlreadyProcessed if req.reprocess => return Ok(None),
+                ClaimOutcome::AlreadyProcessed => {
+                    let again = self.reprocess.as_ref().is_some_and(|f| {
+                        f(&ReprocessContext {
+                            step_id: ctx.step_id(),
+                            scope: req.identity.scope.clone(),
+                            source_type: req.identity.source_type.clone(),
+                            item_id: req.identity.item_id.clone(),
+                            job_id: ctx.job_id,
+                        })
+                    });
+                    if !again {
+                        return Ok(None);
+                    }
+                    req.reprocess = true;
+                }
+            }
+        }
+    }
+
+    /// A claim taken for a job that reached a final status meanwhile (an operator failed it
+    /// while its step still ran) would outlive the job until its TTL: give it back at once.
+    /// The bridge releases claims that existed when it ran; this closes the window after it.
+    pub(crate) async fn keep_if_job_live(&self, d: Descriptor) -> Result<Option<Descriptor>> {
+        let Some(job_id) = d.job_id else {
+            return Ok(Some(d));
+        };
+        let live = match self.store.get_job(job_id).await? {
+            Some(job) => !job.status.is_final(),
+            None => true, // a free-standing owner id, not a job row
+        };
+        if live {
+            return Ok(Some(d));
+        }
+        self.store
+            .release_claim(&d, false, self.clock.now())
+            .await?;
+        tracing::info!(job_id, item = %d.identity.item_id, "claim given back: its job is already final");
+        Ok(None)
+    }
+
+    /// Delivers undelivered lifecycle events (J5): runs the hooks, then marks the event
+    /// delivered. At least once; a crash between the two re-delivers on the next sweep.
+    pub async fn deliver_events(&self) -> Result<usize> {
+        let _guard = self.delivering.lock().await;
+        let mut delivered = 0;
+        loop {
+            let events = self.store.undelivered_events(100).await?;
+            if events.is_empty() {
+                return Ok(delivered);
+            }
+            for event in events {
+                let mut hooks: Vec<&LifecycleHook> = Vec::new();
+                if event.status.is_success() {
+                    hooks.extend(&self.hooks.on_completed);
+                }
+                if event.status == JobStatus::Failed {
+                    hooks.extend(&self.hooks.on_failed);
+                }
+                hooks.extend(&self.hooks.on_finished);
+                for hook in hooks {
+                    hook(event.clone()).await;
+                }
+                if self
+                    .store
+                    .mark_event_delivered(event.id, self.clock.now())
+                    .await?
+                {
+                    delivered += 1;
+                }
+            }
+        }
+    }
+}

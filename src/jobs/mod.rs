@@ -1,0 +1,144 @@
+//! Jobs and pipelines (J1–J7, E1–E3): a job is one run of a pipeline (a named, ordered list of
+//! steps registered in code); each step execution is the action `dockhand.job.step {job, step}`.
+//!
+//! - `pipeline`: pipelines, steps, what a step sees and returns.
+//! - `engine`: runs step actions, claims for steps, delivers lifecycle events.
+//! - `bridge`: the terminal bridge, the one writer of final statuses.
+//! - `engine_data`: compare-and-swap mutation of a job's JSON document.
+//! - `packets`: content-addressed step output.
+//! - `api`: the [`api::Jobs`] handle.
+//! - this module: the stored job and the requests stores receive.
+
+pub mod api;
+pub mod bridge;
+pub mod engine;
+pub mod engine_data;
+pub mod packets;
+pub mod pipeline;
+
+use crate::state::JobStatus;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+/// The hook of the action that runs one step of one job.
+pub const STEP_HOOK: &str = "dockhand.job.step";
+
+/// A stored job.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Job {
+    /// Primary key.
+    pub id: i64,
+    /// The pipeline it runs.
+    pub pipeline: String,
+    /// Its status.
+    pub status: JobStatus,
+    /// Why it reached its final status (`retry_exhausted`, `manual`, ...), stored apart.
+    pub reason: Option<String>,
+    /// The step to run next (or running).
+    pub step_index: i32,
+    /// Refs of the packets that are the current step's input.
+    pub input_refs: Vec<String>,
+    /// Engine data version.
+    pub engine_version: i64,
+    /// Batch parent (issue 4).
+    pub parent_id: Option<i64>,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Last changed.
+    pub updated_at: DateTime<Utc>,
+    /// Reached a final status.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// The template of a job's step actions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepAction {
+    /// Priority of the step actions.
+    pub priority: i32,
+    /// Attempts per step (J6).
+    pub max_attempts: i32,
+    /// Group of the step actions.
+    pub group: Option<String>,
+}
+
+impl StepAction {
+    /// The action that runs step `step` of job `job`: hook [`STEP_HOOK`], args
+    /// `{"job": job, "step": step}`, unique among active actions per (job, step).
+    pub fn action(&self, job: i64, step: i32, now: DateTime<Utc>) -> crate::action::PreparedAction {
+        crate::action::PreparedAction {
+            hook: STEP_HOOK.to_string(),
+            args_json: format!(r#"{{"job":{job},"step":{step}}}"#),
+            group: self.group.clone(),
+            priority: self.priority,
+            scheduled_at: crate::clock::to_millis(now),
+            max_attempts: self.max_attempts,
+            timeout_ms: None,
+            unique_key: Some(format!("j:{job}:{step}")),
+            schedule_id: None,
+        }
+    }
+}
+
+/// A job to create.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    /// Pipeline name.
+    pub pipeline: String,
+    /// Refs of the first step's input packets.
+    pub input_refs: Vec<String>,
+    /// Initial engine data.
+    pub engine_data: Value,
+    /// Step action template.
+    pub step: StepAction,
+}
+
+/// Filters for listing jobs.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    /// Only this pipeline.
+    pub pipeline: Option<String>,
+    /// Only these statuses (empty = all).
+    pub statuses: Vec<JobStatus>,
+    /// Page size (default 100 when 0).
+    pub limit: i64,
+    /// Rows to skip.
+    pub offset: i64,
+}
+
+/// What the terminal bridge's transaction did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BridgeOutcome {
+    /// The job now has the requested final status.
+    Finished,
+    /// The job was already final: `same` when with the requested status (idempotent success),
+    /// otherwise the first status stands.
+    AlreadyFinal {
+        /// The standing status.
+        status: JobStatus,
+        /// Its reason.
+        reason: Option<String>,
+    },
+    /// Completing a claim failed on the success path; everything was rolled back.
+    ClaimCompletionFailed {
+        /// What failed.
+        error: String,
+    },
+}
+
+/// A lifecycle event from the outbox.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobEvent {
+    /// Event id.
+    pub id: i64,
+    /// The job.
+    pub job_id: i64,
+    /// Its pipeline.
+    pub pipeline: String,
+    /// The final status.
+    pub status: JobStatus,
+    /// The reason.
+    pub reason: Option<String>,
+    /// Written at.
+    pub created_at: DateTime<Utc>,
+}

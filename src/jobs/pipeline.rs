@@ -1,0 +1,279 @@
+//! Pipelines registered in code (J1, J2): a named, ordered list of steps, and what a step sees
+//! ([`StepContext`]) and returns ([`StepOutput`]).
+
+use super::engine::Engine;
+use crate::claims::{CompletionConfig, Descriptor, Identity};
+use crate::error::{Error, Result};
+use crate::handler::HandlerError;
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+/// A unit of data a step emits, with the item claims it carries (C7).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Packet {
+    /// The data handed to the next step.
+    pub data: Value,
+    /// Claims that travel with this packet.
+    pub descriptors: Vec<Descriptor>,
+}
+
+impl Packet {
+    /// A packet without claims.
+    pub fn new(data: Value) -> Self {
+        Self {
+            data,
+            descriptors: Vec::new(),
+        }
+    }
+
+    /// Attaches a claim descriptor.
+    pub fn with_claim(mut self, d: Descriptor) -> Self {
+        self.descriptors.push(d);
+        self
+    }
+}
+
+/// What a step returns.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutput {
+    /// Packets for the next step. None: the job finishes `completed_no_items`. After the last
+    /// step: `completed`.
+    Packets(Vec<Packet>),
+    /// Finish the job `skipped`.
+    Skip,
+    /// Park the job (`waiting`) with these packets as the next step's input, until resumed.
+    Park(Vec<Packet>),
+}
+
+impl StepOutput {
+    /// One packet.
+    pub fn one(data: Value) -> Self {
+        StepOutput::Packets(vec![Packet::new(data)])
+    }
+    /// Nothing to do.
+    pub fn none() -> Self {
+        StepOutput::Packets(Vec::new())
+    }
+}
+
+/// What a step's handler returns.
+pub type StepResult = Result<StepOutput, HandlerError>;
+
+pub(crate) type BoxStep = Arc<dyn Fn(StepContext) -> BoxFuture<'static, StepResult> + Send + Sync>;
+
+/// One step of a pipeline.
+#[derive(Clone)]
+pub struct Step {
+    pub(crate) name: String,
+    pub(crate) run: BoxStep,
+    /// Several packets continue inline on the same job instead of fanning out.
+    pub(crate) inline: bool,
+    /// The claim scope (default: the step id `pipeline/step`).
+    pub(crate) scope: Option<String>,
+    /// Default completion config for claims this step takes.
+    pub(crate) completion: CompletionConfig,
+}
+
+/// A named, ordered list of steps.
+#[derive(Clone)]
+pub struct Pipeline {
+    pub(crate) name: String,
+    pub(crate) steps: Vec<Step>,
+    pub(crate) max_attempts: u32,
+    pub(crate) priority: i32,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("name", &self.name)
+            .field(
+                "steps",
+                &self.steps.iter().map(|s| &s.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Pipeline {
+    /// An empty pipeline named `name`; add steps with [`Pipeline::step`].
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            steps: Vec::new(),
+            max_attempts: 3,
+            priority: crate::action::DEFAULT_PRIORITY,
+        }
+    }
+
+    /// Appends a step.
+    pub fn step<F, Fut>(mut self, name: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(StepContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = StepResult> + Send + 'static,
+    {
+        self.steps.push(Step {
+            name: name.into(),
+            run: Arc::new(move |ctx| Box::pin(f(ctx))),
+            inline: false,
+            scope: None,
+            completion: CompletionConfig::default(),
+        });
+        self
+    }
+
+    /// The last added step passes several packets inline to the next step (no fan-out).
+    pub fn inline(mut self) -> Self {
+        if let Some(s) = self.steps.last_mut() {
+            s.inline = true;
+        }
+        self
+    }
+
+    /// The last added step claims items in `scope` (e.g. `shared:feed`) instead of its own.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        if let Some(s) = self.steps.last_mut() {
+            s.scope = Some(scope.into());
+        }
+        self
+    }
+
+    /// The last added step's claims complete with `config`.
+    pub fn completion(mut self, config: CompletionConfig) -> Self {
+        if let Some(s) = self.steps.last_mut() {
+            s.completion = config;
+        }
+        self
+    }
+
+    /// Attempts per step before the job fails `retry_exhausted` (J6). Default 3.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// Priority of the pipeline's step actions.
+    pub fn priority(mut self, p: i32) -> Self {
+        self.priority = p;
+        self
+    }
+
+    /// Checks the definition.
+    pub(crate) fn validate(&self) -> Result<()> {
+        crate::action::validate_name("pipeline", &self.name, false)?;
+        if self.steps.is_empty() {
+            return Err(Error::invalid(
+                "pipeline",
+                format!("`{}` has no steps", self.name),
+            ));
+        }
+        for s in &self.steps {
+            crate::action::validate_name("step", &s.name, false)?;
+            if let Some(scope) = &s.scope {
+                crate::action::validate_name("scope", scope, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn step_action(&self) -> super::StepAction {
+        super::StepAction {
+            priority: self.priority,
+            max_attempts: i32::try_from(self.max_attempts).unwrap_or(i32::MAX),
+            group: Some(format!("pipeline:{}", self.name)),
+        }
+    }
+}
+
+/// Pipelines by name.
+#[derive(Clone, Default, Debug)]
+pub(crate) struct PipelineRegistry {
+    pub(crate) pipelines: HashMap<String, Arc<Pipeline>>,
+}
+
+/// What a step sees: its job, its input packets, and the job's claims and engine data.
+#[derive(Clone)]
+pub struct StepContext {
+    /// The job.
+    pub job_id: i64,
+    /// The pipeline.
+    pub pipeline: String,
+    /// The step's name.
+    pub step: String,
+    /// The step's position.
+    pub step_index: i32,
+    /// This attempt (1-based).
+    pub attempt: i32,
+    /// The input packets' data.
+    pub inputs: Vec<Value>,
+    pub(crate) scope: String,
+    pub(crate) completion: CompletionConfig,
+    pub(crate) engine: Arc<Engine>,
+}
+
+impl std::fmt::Debug for StepContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepContext")
+            .field("job_id", &self.job_id)
+            .field("step", &self.step_id())
+            .finish()
+    }
+}
+
+impl StepContext {
+    /// The executing step's id, `pipeline/step` (what the reprocess callback is told, J7).
+    pub fn step_id(&self) -> String {
+        format!("{}/{}", self.pipeline, self.step)
+    }
+
+    /// The first input, or `null`.
+    pub fn input(&self) -> &Value {
+        self.inputs.first().unwrap_or(&Value::Null)
+    }
+
+    /// Claims an item in this step's scope for this job, with the step's completion config.
+    /// `None` when someone else holds it, or it was processed and the reprocess callback said
+    /// no.
+    pub async fn claim(&self, source_type: &str, item_id: &str) -> Result<Option<Descriptor>> {
+        let identity = Identity::new(self.scope.clone(), source_type, item_id)?;
+        self.engine
+            .claim_for_step(self, identity, self.completion.clone())
+            .await
+    }
+
+    /// Claims an item in another scope (e.g. `shared:feed`) with a given completion config.
+    pub async fn claim_in(
+        &self,
+        scope: &str,
+        source_type: &str,
+        item_id: &str,
+        completion: CompletionConfig,
+    ) -> Result<Option<Descriptor>> {
+        let identity = Identity::new(scope, source_type, item_id)?;
+        self.engine.claim_for_step(self, identity, completion).await
+    }
+
+    /// Legacy job-owned claim without a descriptor (C6): true when this job now owns it.
+    pub async fn claim_item(&self, scope: &str, source_type: &str, item_id: &str) -> Result<bool> {
+        Ok(self
+            .claim_in(scope, source_type, item_id, CompletionConfig::default())
+            .await?
+            .is_some())
+    }
+
+    /// The job's engine data.
+    pub async fn engine_data(&self) -> Result<Value> {
+        self.engine.jobs().engine_data(self.job_id).await
+    }
+
+    /// Changes the job's engine data by compare-and-swap (E1).
+    pub async fn mutate_engine_data<F>(&self, f: F) -> Result<Value>
+    where
+        F: Fn(&mut Value) + Send + Sync,
+    {
+        self.engine.jobs().mutate(self.job_id, f).await
+    }
+}

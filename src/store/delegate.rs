@@ -1,0 +1,317 @@
+//! One list of the [`super::Store`] methods for wrapper stores ([`super::traced`],
+//! [`super::faulty`]): each wrapper says what to do around a call, and the macro writes the
+//! delegation for every method, so a method added to the trait is added to every wrapper.
+
+/// Expands to `impl Store for $ty` for a wrapper with an `inner: DynStore` field, wrapping
+/// each call as `$around!(self, "method", future)` (`backend`, `wakeups` and `close` pass
+/// straight through). The caller's imports name the trait's types.
+macro_rules! delegate_store {
+    ($ty:ty, $around:ident) => {
+        #[async_trait::async_trait]
+        impl Store for $ty {
+            fn backend(&self) -> Backend {
+                self.inner.backend()
+            }
+            fn wakeups(&self) -> watch::Receiver<u64> {
+                self.inner.wakeups()
+            }
+            async fn close(&self) {
+                self.inner.close().await
+            }
+            async fn migrate(&self) -> Result<()> {
+                $around!(self, "migrate", self.inner.migrate())
+            }
+            async fn enqueue(
+                &self,
+                action: &PreparedAction,
+                now: DateTime<Utc>,
+            ) -> Result<Enqueued> {
+                $around!(self, "enqueue", self.inner.enqueue(action, now))
+            }
+            async fn enqueue_bulk(
+                &self,
+                actions: &[PreparedAction],
+                now: DateTime<Utc>,
+            ) -> Result<Vec<Enqueued>> {
+                $around!(self, "enqueue_bulk", self.inner.enqueue_bulk(actions, now))
+            }
+            async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<ClaimedAction>> {
+                $around!(self, "claim", self.inner.claim(req))
+            }
+            async fn heartbeat(
+                &self,
+                owner: &str,
+                leases: &[Lease],
+                until: DateTime<Utc>,
+            ) -> Result<u64> {
+                $around!(
+                    self,
+                    "heartbeat",
+                    self.inner.heartbeat(owner, leases, until)
+                )
+            }
+            async fn finish(
+                &self,
+                lease: Lease,
+                outcome: &Finish,
+                now: DateTime<Utc>,
+            ) -> Result<FinishResult> {
+                $around!(self, "finish", self.inner.finish(lease, outcome, now))
+            }
+            async fn cancel(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {
+                $around!(self, "cancel", self.inner.cancel(id, now))
+            }
+            async fn retry(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {
+                $around!(self, "retry", self.inner.retry(id, now))
+            }
+            async fn unschedule(&self, filter: &ActionFilter, now: DateTime<Utc>) -> Result<u64> {
+                $around!(self, "unschedule", self.inner.unschedule(filter, now))
+            }
+            async fn next_scheduled(&self, filter: &ActionFilter) -> Result<Option<DateTime<Utc>>> {
+                $around!(self, "next_scheduled", self.inner.next_scheduled(filter))
+            }
+            async fn query(&self, query: &ActionQuery) -> Result<Vec<Action>> {
+                $around!(self, "query", self.inner.query(query))
+            }
+            async fn get(&self, id: i64) -> Result<Option<Action>> {
+                $around!(self, "get", self.inner.get(id))
+            }
+            async fn logs(&self, id: i64) -> Result<Vec<ActionLog>> {
+                $around!(self, "logs", self.inner.logs(id))
+            }
+            async fn stats(&self, now: DateTime<Utc>) -> Result<QueueStats> {
+                $around!(self, "stats", self.inner.stats(now))
+            }
+            async fn upsert_schedule(
+                &self,
+                s: &PreparedSchedule,
+                now: DateTime<Utc>,
+            ) -> Result<i64> {
+                $around!(self, "upsert_schedule", self.inner.upsert_schedule(s, now))
+            }
+            async fn schedules(&self) -> Result<Vec<Schedule>> {
+                $around!(self, "schedules", self.inner.schedules())
+            }
+            async fn due_schedules(
+                &self,
+                horizon: DateTime<Utc>,
+                limit: i64,
+            ) -> Result<Vec<Schedule>> {
+                $around!(
+                    self,
+                    "due_schedules",
+                    self.inner.due_schedules(horizon, limit)
+                )
+            }
+            async fn materialise(
+                &self,
+                schedule: &Schedule,
+                occurrence: DateTime<Utc>,
+                next: Option<DateTime<Utc>>,
+                now: DateTime<Utc>,
+            ) -> Result<bool> {
+                $around!(
+                    self,
+                    "materialise",
+                    self.inner.materialise(schedule, occurrence, next, now)
+                )
+            }
+            async fn rearm_fixed_delay(&self, now: DateTime<Utc>) -> Result<u64> {
+                $around!(self, "rearm_fixed_delay", self.inner.rearm_fixed_delay(now))
+            }
+            async fn set_schedule_enabled(&self, id: i64, enabled: bool) -> Result<bool> {
+                $around!(
+                    self,
+                    "set_schedule_enabled",
+                    self.inner.set_schedule_enabled(id, enabled)
+                )
+            }
+            async fn reap_expired(&self, now: DateTime<Utc>, limit: i64) -> Result<ReapReport> {
+                $around!(self, "reap_expired", self.inner.reap_expired(now, limit))
+            }
+            async fn prune(&self, cutoffs: &PruneCutoffs) -> Result<u64> {
+                $around!(self, "prune", self.inner.prune(cutoffs))
+            }
+            async fn try_maintenance_lease(
+                &self,
+                task: &str,
+                owner: &str,
+                until: DateTime<Utc>,
+                now: DateTime<Utc>,
+            ) -> Result<bool> {
+                $around!(
+                    self,
+                    "try_maintenance_lease",
+                    self.inner.try_maintenance_lease(task, owner, until, now)
+                )
+            }
+            async fn create_job(&self, job: &NewJob, now: DateTime<Utc>) -> Result<i64> {
+                $around!(self, "create_job", self.inner.create_job(job, now))
+            }
+            async fn get_job(&self, id: i64) -> Result<Option<Job>> {
+                $around!(self, "get_job", self.inner.get_job(id))
+            }
+            async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+                $around!(self, "list_jobs", self.inner.list_jobs(filter))
+            }
+            async fn start_step(
+                &self,
+                job_id: i64,
+                step: i32,
+                now: DateTime<Utc>,
+            ) -> Result<Option<Job>> {
+                $around!(self, "start_step", self.inner.start_step(job_id, step, now))
+            }
+            async fn advance_job(
+                &self,
+                job_id: i64,
+                from_step: i32,
+                to_step: i32,
+                input_refs: &[String],
+                step: &StepAction,
+                now: DateTime<Utc>,
+            ) -> Result<bool> {
+                $around!(
+                    self,
+                    "advance_job",
+                    self.inner
+                        .advance_job(job_id, from_step, to_step, input_refs, step, now)
+                )
+            }
+            async fn park_job(
+                &self,
+                job_id: i64,
+                from_step: i32,
+                to_step: i32,
+                input_refs: &[String],
+                now: DateTime<Utc>,
+            ) -> Result<bool> {
+                $around!(
+                    self,
+                    "park_job",
+                    self.inner
+                        .park_job(job_id, from_step, to_step, input_refs, now)
+                )
+            }
+            async fn resume_job(
+                &self,
+                job_id: i64,
+                step: &StepAction,
+                now: DateTime<Utc>,
+            ) -> Result<bool> {
+                $around!(self, "resume_job", self.inner.resume_job(job_id, step, now))
+            }
+            async fn finish_job(
+                &self,
+                job_id: i64,
+                status: JobStatus,
+                reason: Option<&str>,
+                completions: &CompletionRegistry,
+                now: DateTime<Utc>,
+            ) -> Result<BridgeOutcome> {
+                $around!(
+                    self,
+                    "finish_job",
+                    self.inner
+                        .finish_job(job_id, status, reason, completions, now)
+                )
+            }
+            async fn engine_data(&self, job_id: i64) -> Result<Option<(Value, i64)>> {
+                $around!(self, "engine_data", self.inner.engine_data(job_id))
+            }
+            async fn cas_engine_data(
+                &self,
+                job_id: i64,
+                expected_version: i64,
+                data: &Value,
+            ) -> Result<bool> {
+                $around!(
+                    self,
+                    "cas_engine_data",
+                    self.inner.cas_engine_data(job_id, expected_version, data)
+                )
+            }
+            async fn undelivered_events(&self, limit: i64) -> Result<Vec<JobEvent>> {
+                $around!(
+                    self,
+                    "undelivered_events",
+                    self.inner.undelivered_events(limit)
+                )
+            }
+            async fn mark_event_delivered(
+                &self,
+                event_id: i64,
+                now: DateTime<Utc>,
+            ) -> Result<bool> {
+                $around!(
+                    self,
+                    "mark_event_delivered",
+                    self.inner.mark_event_delivered(event_id, now)
+                )
+            }
+            async fn put_packets(
+                &self,
+                packets: &[EncodedPacket],
+                now: DateTime<Utc>,
+            ) -> Result<()> {
+                $around!(self, "put_packets", self.inner.put_packets(packets, now))
+            }
+            async fn packet_body(&self, hash: &str) -> Result<Option<String>> {
+                $around!(self, "packet_body", self.inner.packet_body(hash))
+            }
+            async fn claim_item(
+                &self,
+                req: &ClaimItemRequest,
+                now: DateTime<Utc>,
+            ) -> Result<ClaimOutcome> {
+                $around!(self, "claim_item", self.inner.claim_item(req, now))
+            }
+            async fn get_claim(&self, identity: &Identity) -> Result<Option<ItemClaim>> {
+                $around!(self, "get_claim", self.inner.get_claim(identity))
+            }
+            async fn complete_claim(
+                &self,
+                descriptor: &Descriptor,
+                handler: Option<Arc<dyn CompletionHandler>>,
+                now: DateTime<Utc>,
+            ) -> Result<CompleteOutcome> {
+                $around!(
+                    self,
+                    "complete_claim",
+                    self.inner.complete_claim(descriptor, handler, now)
+                )
+            }
+            async fn release_claim(
+                &self,
+                descriptor: &Descriptor,
+                defer: bool,
+                now: DateTime<Utc>,
+            ) -> Result<bool> {
+                $around!(
+                    self,
+                    "release_claim",
+                    self.inner.release_claim(descriptor, defer, now)
+                )
+            }
+            async fn list_claims(&self, filter: &ClaimFilter) -> Result<Vec<ItemClaim>> {
+                $around!(self, "list_claims", self.inner.list_claims(filter))
+            }
+            async fn tracked_item(
+                &self,
+                namespace: &str,
+                item_id: &str,
+            ) -> Result<Option<TrackedItem>> {
+                $around!(
+                    self,
+                    "tracked_item",
+                    self.inner.tracked_item(namespace, item_id)
+                )
+            }
+            async fn listen(&self) -> Result<()> {
+                $around!(self, "listen", self.inner.listen())
+            }
+        }
+    };
+}
+
+pub(crate) use delegate_store;

@@ -1,0 +1,176 @@
+//! Fault injection for tests (RELIABILITY.md §1): a [`Store`] wrapper that fails the Nth call
+//! of a named method — before it runs, after it committed, with a delay, or with the backend's
+//! transient (busy/deadlock-like) error — or every call from the Nth on, until healed.
+//!
+//! It wraps a real store: every call that is not faulted runs against the real database. It is
+//! how the failure routes of the runner, the terminal bridge and item claims are tested.
+
+use super::delegate::delegate_store;
+use super::{
+    Backend, ClaimRequest, ClaimedAction, DynStore, Enqueued, Finish, FinishResult, Lease,
+    PruneCutoffs, QueueStats, ReapReport, Store,
+};
+use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
+use crate::claims::ledger::TrackedItem;
+use crate::claims::{
+    ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,
+    CompletionRegistry, Descriptor, Identity, ItemClaim,
+};
+use crate::error::{Error, Result};
+use crate::jobs::packets::EncodedPacket;
+use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
+use crate::schedule::{PreparedSchedule, Schedule};
+use crate::state::JobStatus;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How an injected fault behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultMode {
+    /// Return an error; the call does not run.
+    FailBefore,
+    /// Run the call (it commits), then return an error: "acknowledgement lost".
+    ExecuteThenFail,
+    /// Wait, then run the call normally.
+    Delay(Duration),
+    /// Return a transient error (as a busy or deadlocked backend would); the call does not run.
+    Retryable,
+}
+
+#[derive(Debug, Clone)]
+struct Fault {
+    method: String,
+    nth: u64,
+    mode: FaultMode,
+    every_after: bool,
+}
+
+/// A store that injects planned faults into a real store.
+pub struct FaultyStore {
+    inner: DynStore,
+    plan: Mutex<Vec<Fault>>,
+    calls: Mutex<HashMap<String, u64>>,
+    injected: AtomicU64,
+}
+
+impl std::fmt::Debug for FaultyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultyStore")
+            .field("plan", &self.plan)
+            .field("injected", &self.injected)
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl FaultyStore {
+    /// Wraps `inner` with an empty plan.
+    pub fn wrap(inner: DynStore) -> Arc<FaultyStore> {
+        Arc::new(FaultyStore {
+            inner,
+            plan: Mutex::new(Vec::new()),
+            calls: Mutex::new(HashMap::new()),
+            injected: AtomicU64::new(0),
+        })
+    }
+
+    /// Faults the `nth` call (1-based, counted from now) of `method` once.
+    pub fn fail_nth(&self, method: &str, nth: u64, mode: FaultMode) {
+        self.plan_fault(method, nth, mode, false);
+    }
+
+    /// Faults every call of `method` from the `nth` one (counted from now) on, until healed.
+    pub fn fail_from(&self, method: &str, nth: u64, mode: FaultMode) {
+        self.plan_fault(method, nth, mode, true);
+    }
+
+    fn plan_fault(&self, method: &str, nth: u64, mode: FaultMode, every_after: bool) {
+        let base = lock(&self.calls).get(method).copied().unwrap_or(0);
+        lock(&self.plan).push(Fault {
+            method: method.to_string(),
+            nth: base + nth.max(1),
+            mode,
+            every_after,
+        });
+    }
+
+    /// Removes every planned fault.
+    pub fn heal(&self) {
+        lock(&self.plan).clear();
+    }
+
+    /// Calls of `method` so far.
+    pub fn calls(&self, method: &str) -> u64 {
+        lock(&self.calls).get(method).copied().unwrap_or(0)
+    }
+
+    /// Faults injected so far.
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::SeqCst)
+    }
+
+    fn injected_error(method: &'static str, mode: FaultMode) -> Error {
+        let source = match mode {
+            FaultMode::Retryable => sqlx::Error::Io(std::io::Error::other(format!(
+                "injected transient fault in {method}"
+            ))),
+            _ => sqlx::Error::Protocol(format!("injected fault in {method}")),
+        };
+        Error::Database { op: method, source }
+    }
+
+    async fn before(&self, method: &'static str) -> Result<Option<FaultMode>> {
+        let n = {
+            let mut calls = lock(&self.calls);
+            let c = calls.entry(method.to_string()).or_default();
+            *c += 1;
+            *c
+        };
+        let mode = lock(&self.plan)
+            .iter()
+            .find(|f| f.method == method && (f.nth == n || (f.every_after && n >= f.nth)))
+            .map(|f| f.mode);
+        match mode {
+            None => Ok(None),
+            Some(FaultMode::Delay(d)) => {
+                self.injected.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(d).await;
+                Ok(None)
+            }
+            Some(m @ (FaultMode::FailBefore | FaultMode::Retryable)) => {
+                self.injected.fetch_add(1, Ordering::SeqCst);
+                Err(Self::injected_error(method, m))
+            }
+            Some(FaultMode::ExecuteThenFail) => Ok(Some(FaultMode::ExecuteThenFail)),
+        }
+    }
+
+    fn after<T>(&self, method: &'static str, mode: Option<FaultMode>, r: Result<T>) -> Result<T> {
+        match (mode, r) {
+            (Some(FaultMode::ExecuteThenFail), Ok(_)) => {
+                self.injected.fetch_add(1, Ordering::SeqCst);
+                Err(Self::injected_error(method, FaultMode::ExecuteThenFail))
+            }
+            (_, r) => r,
+        }
+    }
+}
+
+/// Runs one delegated call under the fault plan.
+macro_rules! faulted {
+    ($self:ident, $op:literal, $call:expr) => {{
+        let mode = $self.before($op).await?;
+        let r = $call.await;
+        $self.after($op, mode, r)
+    }};
+}
+
+delegate_store!(FaultyStore, faulted);

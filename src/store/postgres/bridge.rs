@@ -1,0 +1,186 @@
+//! PostgreSQL: the terminal bridge's transaction (J4), the one place a job's final status is
+//! written.
+//!
+//! The job row is locked first (`FOR UPDATE`), then the job's active claims (in id order). On a
+//! success status every claim's completion handler runs on this transaction and the claim is
+//! marked processed or deleted; any failure rolls the whole transaction back. On failure or
+//! cancellation the job's active claims are deleted so the items can be claimed again. The
+//! status write is a compare-and-swap on the status read, and the lifecycle event goes into the
+//! outbox in the same commit.
+
+use super::claims::{decode_completion, settle};
+use super::{ts, PgStore};
+use crate::claims::{
+    CompletionConfig, CompletionContext, CompletionRegistry, CompletionTx, Identity,
+};
+use crate::error::{Error, Result};
+use crate::jobs::BridgeOutcome;
+use crate::state::JobStatus;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::types::Json;
+use sqlx::{PgConnection, Row};
+
+/// Finishes `job_id` with the final `status`; see [`crate::Store::finish_job`].
+pub(super) async fn finish_job(
+    store: &PgStore,
+    job_id: i64,
+    status: JobStatus,
+    reason: Option<&str>,
+    completions: &CompletionRegistry,
+    now: DateTime<Utc>,
+) -> Result<BridgeOutcome> {
+    if !status.is_final() {
+        return Err(Error::invalid(
+            "job status",
+            format!("cannot finish job {job_id} as {status}: not a final status"),
+        ));
+    }
+    let op = "finish_job";
+    let mut tx = store.begin(op).await?;
+    let row = sqlx::query("SELECT status, reason FROM dockhand_jobs WHERE id = $1 FOR UPDATE")
+        .bind(job_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+    let Some(row) = row else {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Err(Error::NotFound {
+            what: "job",
+            id: job_id,
+        });
+    };
+    let current: String = row.try_get("status").map_err(Error::db(op))?;
+    let current = current.parse::<JobStatus>().map_err(|e| Error::Corrupt {
+        what: "job",
+        id: job_id,
+        message: e.to_string(),
+    })?;
+    if current.is_final() {
+        let standing: Option<String> = row.try_get("reason").map_err(Error::db(op))?;
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Ok(BridgeOutcome::AlreadyFinal {
+            status: current,
+            reason: standing,
+        });
+    }
+    if status.is_success() {
+        if let Err(error) = complete_claims(&mut tx, job_id, completions, now).await? {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok(BridgeOutcome::ClaimCompletionFailed { error });
+        }
+    } else {
+        sqlx::query("DELETE FROM dockhand_item_claims WHERE job_id = $1 AND status = 'claimed'")
+            .bind(job_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db("finish_job (release claims)"))?;
+    }
+    let done = sqlx::query(
+        "UPDATE dockhand_jobs SET status = $3, reason = $4, finished_at = $5, updated_at = $5
+         WHERE id = $1 AND status = $2",
+    )
+    .bind(job_id)
+    .bind(current.as_str())
+    .bind(status.as_str())
+    .bind(reason)
+    .bind(ts(now))
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    if done.rows_affected() != 1 {
+        // Unreachable while the row lock holds; never report a write that did not happen.
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Err(Error::Config(format!(
+            "job {job_id} changed under its row lock while finishing it"
+        )));
+    }
+    sqlx::query(
+        "INSERT INTO dockhand_job_events (job_id, status, reason, created_at)
+         VALUES ($1, $2, $3, $4)",
+    )
+    .bind(job_id)
+    .bind(status.as_str())
+    .bind(reason)
+    .bind(ts(now))
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("finish_job (event)"))?;
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok(BridgeOutcome::Finished)
+}
+
+/// Completes every claim the job holds, on `conn`. The inner `Err` is a completion failure (the
+/// caller rolls back); the outer one a database error.
+async fn complete_claims(
+    conn: &mut PgConnection,
+    job_id: i64,
+    completions: &CompletionRegistry,
+    now: DateTime<Utc>,
+) -> Result<std::result::Result<(), String>> {
+    let rows = sqlx::query(
+        "SELECT id, scope, source_type, item_id, token, completion FROM dockhand_item_claims
+         WHERE job_id = $1 AND status = 'claimed' ORDER BY id FOR UPDATE",
+    )
+    .bind(job_id)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db("finish_job (claims)"))?;
+    for row in &rows {
+        let (id, ctx, config) = match claim_context(row, job_id, now) {
+            Ok(c) => c,
+            // A corrupt claim cannot be completed: fail the job, which releases its claims.
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        let item = &ctx.identity.item_id;
+        let handler = match completions.resolve(&config) {
+            Ok(h) => h,
+            Err(e) => return Ok(Err(format!("item {item}: {e}"))),
+        };
+        if let Some(handler) = handler {
+            if let Err(msg) = handler
+                .complete(CompletionTx::Postgres(&mut *conn), &ctx)
+                .await
+            {
+                return Ok(Err(format!("handler failed for item {item}: {msg}")));
+            }
+        }
+        settle(conn, id, config.retain_processed, now).await?;
+    }
+    Ok(Ok(()))
+}
+
+/// A locked claim row's id, its handler context and its completion config (the default config
+/// when none was stored).
+fn claim_context(
+    row: &PgRow,
+    job_id: i64,
+    now: DateTime<Utc>,
+) -> Result<(i64, CompletionContext, CompletionConfig)> {
+    let d = || Error::db("decode item claim");
+    let id: i64 = row.try_get("id").map_err(d())?;
+    let token: Option<String> = row.try_get("token").map_err(d())?;
+    let token = token.ok_or_else(|| Error::Corrupt {
+        what: "item claim",
+        id,
+        message: "claimed without a token".into(),
+    })?;
+    let completion: Option<Json<Value>> = row.try_get("completion").map_err(d())?;
+    let config = match completion {
+        Some(Json(v)) => decode_completion(id, v)?,
+        None => CompletionConfig::default(),
+    };
+    let ctx = CompletionContext {
+        identity: Identity {
+            scope: row.try_get("scope").map_err(d())?,
+            source_type: row.try_get("source_type").map_err(d())?,
+            item_id: row.try_get("item_id").map_err(d())?,
+        },
+        token,
+        job_id: Some(job_id),
+        payload: config.payload.clone(),
+        now,
+    };
+    Ok((id, ctx, config))
+}

@@ -1,0 +1,352 @@
+//! PostgreSQL: jobs (J1–J7), their engine data (E1), the lifecycle outbox and content-addressed
+//! packets (E3). The final-status write lives in `bridge`.
+//!
+//! Every step transition is a compare-and-swap on (`id`, `step_index`, `status`); the ones that
+//! hand work to a step enqueue its action (unique per job and step) in the same transaction, so
+//! a job never moves without its next step being queued, nor gets a step queued twice.
+
+use super::{enqueue::enqueue_one, ts, PgStore};
+use crate::error::{Error, Result};
+use crate::jobs::packets::EncodedPacket;
+use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction};
+use crate::state::JobStatus;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::types::Json;
+use sqlx::{Postgres, QueryBuilder, Row};
+
+/// Page size when a filter's (or an event batch's) limit is 0.
+const DEFAULT_LIMIT: i64 = 100;
+
+const COLUMNS: &str = "id, pipeline, status, reason, step_index, input_refs, engine_version, \
+    parent_id, created_at, updated_at, finished_at";
+
+fn job_from_row(row: &PgRow) -> Result<Job> {
+    let d = || Error::db("decode job");
+    let id: i64 = row.try_get("id").map_err(d())?;
+    let corrupt = |message: String| Error::Corrupt {
+        what: "job",
+        id,
+        message,
+    };
+    let status: String = row.try_get("status").map_err(d())?;
+    let Json(refs): Json<Value> = row.try_get("input_refs").map_err(d())?;
+    Ok(Job {
+        id,
+        pipeline: row.try_get("pipeline").map_err(d())?,
+        status: status
+            .parse::<JobStatus>()
+            .map_err(|e| corrupt(e.to_string()))?,
+        reason: row.try_get("reason").map_err(d())?,
+        step_index: row.try_get("step_index").map_err(d())?,
+        input_refs: serde_json::from_value(refs)
+            .map_err(|e| corrupt(format!("input_refs: {e}")))?,
+        engine_version: row.try_get("engine_version").map_err(d())?,
+        parent_id: row.try_get("parent_id").map_err(d())?,
+        created_at: row.try_get("created_at").map_err(d())?,
+        updated_at: row.try_get("updated_at").map_err(d())?,
+        finished_at: row.try_get("finished_at").map_err(d())?,
+    })
+}
+
+pub(super) async fn create_job(store: &PgStore, job: &NewJob, now: DateTime<Utc>) -> Result<i64> {
+    let mut tx = store.begin("create_job").await?;
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO dockhand_jobs
+            (pipeline, status, step_index, input_refs, engine_data, engine_version, created_at,
+             updated_at)
+         VALUES ($1, 'pending', 0, $2, $3, 0, $4, $4)
+         RETURNING id",
+    )
+    .bind(&job.pipeline)
+    .bind(Json(&job.input_refs))
+    .bind(Json(&job.engine_data))
+    .bind(ts(now))
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(Error::db("create_job"))?;
+    enqueue_one(
+        &mut tx,
+        &job.step.action(id, 0, now),
+        now,
+        Some(&store.channel),
+    )
+    .await?;
+    tx.commit().await.map_err(Error::db("create_job"))?;
+    Ok(id)
+}
+
+pub(super) async fn get_job(store: &PgStore, id: i64) -> Result<Option<Job>> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM dockhand_jobs WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&store.pool)
+    .await
+    .map_err(Error::db("get_job"))?;
+    row.as_ref().map(job_from_row).transpose()
+}
+
+pub(super) async fn list_jobs(store: &PgStore, f: &JobFilter) -> Result<Vec<Job>> {
+    let mut qb: QueryBuilder<Postgres> =
+        QueryBuilder::new(format!("SELECT {COLUMNS} FROM dockhand_jobs WHERE TRUE"));
+    if let Some(p) = &f.pipeline {
+        qb.push(" AND pipeline = ").push_bind(p.clone());
+    }
+    if !f.statuses.is_empty() {
+        qb.push(" AND status IN (");
+        let mut sep = qb.separated(", ");
+        for s in &f.statuses {
+            sep.push_bind(s.as_str());
+        }
+        qb.push(")");
+    }
+    let limit = if f.limit <= 0 { DEFAULT_LIMIT } else { f.limit };
+    qb.push(" ORDER BY id DESC LIMIT ")
+        .push_bind(limit)
+        .push(" OFFSET ")
+        .push_bind(f.offset.max(0));
+    let rows = qb
+        .build()
+        .fetch_all(&store.pool)
+        .await
+        .map_err(Error::db("list_jobs"))?;
+    rows.iter().map(job_from_row).collect()
+}
+
+pub(super) async fn start_step(
+    store: &PgStore,
+    job_id: i64,
+    step: i32,
+    now: DateTime<Utc>,
+) -> Result<Option<Job>> {
+    let mut tx = store.begin("start_step").await?;
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM dockhand_jobs WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(job_id)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db("start_step"))?;
+    let job = row.as_ref().map(job_from_row).transpose()?;
+    let started = match job {
+        Some(job) if job.step_index == step && job.status == JobStatus::Pending => {
+            let row = sqlx::query(&format!(
+                "UPDATE dockhand_jobs SET status = 'processing', updated_at = $2
+                 WHERE id = $1 RETURNING {COLUMNS}"
+            ))
+            .bind(job_id)
+            .bind(ts(now))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(Error::db("start_step"))?;
+            Some(job_from_row(&row)?)
+        }
+        Some(job) if job.step_index == step && job.status == JobStatus::Processing => Some(job),
+        _ => None,
+    };
+    tx.commit().await.map_err(Error::db("start_step"))?;
+    Ok(started)
+}
+
+pub(super) async fn advance_job(
+    store: &PgStore,
+    job_id: i64,
+    from_step: i32,
+    to_step: i32,
+    input_refs: &[String],
+    step: &StepAction,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let mut tx = store.begin("advance_job").await?;
+    let done = sqlx::query(
+        "UPDATE dockhand_jobs SET step_index = $3, input_refs = $4, updated_at = $5
+         WHERE id = $1 AND step_index = $2 AND status = 'processing'",
+    )
+    .bind(job_id)
+    .bind(from_step)
+    .bind(to_step)
+    .bind(Json(input_refs))
+    .bind(ts(now))
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("advance_job"))?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await.map_err(Error::db("advance_job"))?;
+        return Ok(false);
+    }
+    let action = step.action(job_id, to_step, now);
+    enqueue_one(&mut tx, &action, now, Some(&store.channel)).await?;
+    tx.commit().await.map_err(Error::db("advance_job"))?;
+    Ok(true)
+}
+
+pub(super) async fn park_job(
+    store: &PgStore,
+    job_id: i64,
+    from_step: i32,
+    to_step: i32,
+    input_refs: &[String],
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE dockhand_jobs SET status = 'waiting', step_index = $3, input_refs = $4,
+            updated_at = $5
+         WHERE id = $1 AND step_index = $2 AND status = 'processing'",
+    )
+    .bind(job_id)
+    .bind(from_step)
+    .bind(to_step)
+    .bind(Json(input_refs))
+    .bind(ts(now))
+    .execute(&store.pool)
+    .await
+    .map_err(Error::db("park_job"))?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub(super) async fn resume_job(
+    store: &PgStore,
+    job_id: i64,
+    step: &StepAction,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let mut tx = store.begin("resume_job").await?;
+    let step_index: Option<i32> = sqlx::query_scalar(
+        "UPDATE dockhand_jobs SET status = 'processing', updated_at = $2
+         WHERE id = $1 AND status = 'waiting'
+         RETURNING step_index",
+    )
+    .bind(job_id)
+    .bind(ts(now))
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db("resume_job"))?;
+    let Some(step_index) = step_index else {
+        tx.rollback().await.map_err(Error::db("resume_job"))?;
+        return Ok(false);
+    };
+    let action = step.action(job_id, step_index, now);
+    enqueue_one(&mut tx, &action, now, Some(&store.channel)).await?;
+    tx.commit().await.map_err(Error::db("resume_job"))?;
+    Ok(true)
+}
+
+pub(super) async fn engine_data(store: &PgStore, job_id: i64) -> Result<Option<(Value, i64)>> {
+    let row = sqlx::query("SELECT engine_data, engine_version FROM dockhand_jobs WHERE id = $1")
+        .bind(job_id)
+        .fetch_optional(&store.pool)
+        .await
+        .map_err(Error::db("engine_data"))?;
+    let Some(row) = row else { return Ok(None) };
+    let Json(data): Json<Value> = row
+        .try_get("engine_data")
+        .map_err(Error::db("engine_data"))?;
+    let version: i64 = row
+        .try_get("engine_version")
+        .map_err(Error::db("engine_data"))?;
+    Ok(Some((data, version)))
+}
+
+/// `updated_at` is left alone: this call has no caller time, and every stored time comes from
+/// the caller's clock.
+pub(super) async fn cas_engine_data(
+    store: &PgStore,
+    job_id: i64,
+    expected_version: i64,
+    data: &Value,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE dockhand_jobs SET engine_data = $3, engine_version = engine_version + 1
+         WHERE id = $1 AND engine_version = $2",
+    )
+    .bind(job_id)
+    .bind(expected_version)
+    .bind(Json(data))
+    .execute(&store.pool)
+    .await
+    .map_err(Error::db("cas_engine_data"))?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub(super) async fn undelivered_events(store: &PgStore, limit: i64) -> Result<Vec<JobEvent>> {
+    let rows = sqlx::query(
+        "SELECT e.id, e.job_id, j.pipeline, e.status, e.reason, e.created_at
+         FROM dockhand_job_events e JOIN dockhand_jobs j ON j.id = e.job_id
+         WHERE e.delivered_at IS NULL
+         ORDER BY e.id LIMIT $1",
+    )
+    .bind(if limit <= 0 { DEFAULT_LIMIT } else { limit })
+    .fetch_all(&store.pool)
+    .await
+    .map_err(Error::db("undelivered_events"))?;
+    rows.iter()
+        .map(|r| {
+            let d = || Error::db("decode job event");
+            let id: i64 = r.try_get("id").map_err(d())?;
+            let status: String = r.try_get("status").map_err(d())?;
+            Ok(JobEvent {
+                id,
+                job_id: r.try_get("job_id").map_err(d())?,
+                pipeline: r.try_get("pipeline").map_err(d())?,
+                status: status.parse::<JobStatus>().map_err(|e| Error::Corrupt {
+                    what: "job event",
+                    id,
+                    message: e.to_string(),
+                })?,
+                reason: r.try_get("reason").map_err(d())?,
+                created_at: r.try_get("created_at").map_err(d())?,
+            })
+        })
+        .collect()
+}
+
+pub(super) async fn mark_event_delivered(
+    store: &PgStore,
+    event_id: i64,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE dockhand_job_events SET delivered_at = $2
+         WHERE id = $1 AND delivered_at IS NULL",
+    )
+    .bind(event_id)
+    .bind(ts(now))
+    .execute(&store.pool)
+    .await
+    .map_err(Error::db("mark_event_delivered"))?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub(super) async fn put_packets(
+    store: &PgStore,
+    packets: &[EncodedPacket],
+    now: DateTime<Utc>,
+) -> Result<()> {
+    if packets.is_empty() {
+        return Ok(());
+    }
+    let hashes: Vec<&str> = packets.iter().map(|p| p.hash.as_str()).collect();
+    let bodies: Vec<&str> = packets.iter().map(|p| p.body.as_str()).collect();
+    sqlx::query(
+        "INSERT INTO dockhand_packets (hash, body, created_at)
+         SELECT t.hash, t.body, $3 FROM UNNEST($1::text[], $2::text[]) AS t(hash, body)
+         ON CONFLICT (hash) DO NOTHING",
+    )
+    .bind(hashes)
+    .bind(bodies)
+    .bind(ts(now))
+    .execute(&store.pool)
+    .await
+    .map_err(Error::db("put_packets"))?;
+    Ok(())
+}
+
+pub(super) async fn packet_body(store: &PgStore, hash: &str) -> Result<Option<String>> {
+    sqlx::query_scalar("SELECT body FROM dockhand_packets WHERE hash = $1")
+        .bind(hash)
+        .fetch_optional(&store.pool)
+        .await
+        .map_err(Error::db("packet_body"))
+}

@@ -1,0 +1,151 @@
+//! SQLite: the terminal bridge's transaction (J4) — the one place a job gets its final status,
+//! together with completing (success) or deleting (failure) the item claims it owns and writing
+//! its lifecycle event, all in one `BEGIN IMMEDIATE` transaction.
+
+use super::claims::{config_from, handler_failed, settle};
+use super::jobs::{get_job, read_job};
+use super::{ms, SqliteStore};
+use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identity};
+use crate::error::{Error, Result};
+use crate::jobs::BridgeOutcome;
+use crate::state::JobStatus;
+use chrono::{DateTime, Utc};
+use sqlx::{Row, SqliteConnection};
+
+pub(super) async fn finish_job(
+    store: &SqliteStore,
+    job_id: i64,
+    status: JobStatus,
+    reason: Option<&str>,
+    completions: &CompletionRegistry,
+    now: DateTime<Utc>,
+) -> Result<BridgeOutcome> {
+    if !status.is_final() {
+        return Err(Error::invalid(
+            "job status",
+            format!("cannot finish job {job_id} as {status}: not a final status"),
+        ));
+    }
+    let mut tx = store.begin_write("finish_job").await?;
+    let Some(job) = read_job(&mut tx, job_id).await? else {
+        tx.rollback().await.map_err(Error::db("finish_job"))?;
+        return Err(Error::NotFound {
+            what: "job",
+            id: job_id,
+        });
+    };
+    if job.status.is_final() {
+        tx.rollback().await.map_err(Error::db("finish_job"))?;
+        return Ok(BridgeOutcome::AlreadyFinal {
+            status: job.status,
+            reason: job.reason,
+        });
+    }
+    if status.is_success() {
+        if let Err(error) = complete_owned_claims(&mut tx, job_id, completions, now).await? {
+            tx.rollback().await.map_err(Error::db("finish_job"))?;
+            return Ok(BridgeOutcome::ClaimCompletionFailed { error });
+        }
+    } else {
+        sqlx::query("DELETE FROM dockhand_item_claims WHERE job_id = ? AND status = 'claimed'")
+            .bind(job_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db("finish_job (release claims)"))?;
+    }
+    let done = sqlx::query(
+        "UPDATE dockhand_jobs SET status = ?, reason = ?, finished_at = ?, updated_at = ?
+         WHERE id = ? AND status = ?",
+    )
+    .bind(status.as_str())
+    .bind(reason)
+    .bind(ms(now))
+    .bind(ms(now))
+    .bind(job_id)
+    .bind(job.status.as_str())
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("finish_job"))?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await.map_err(Error::db("finish_job"))?;
+        return match get_job(store, job_id).await? {
+            Some(j) if j.status.is_final() => Ok(BridgeOutcome::AlreadyFinal {
+                status: j.status,
+                reason: j.reason,
+            }),
+            _ => Err(Error::Config(format!(
+                "finish_job: job {job_id} changed under the write lock"
+            ))),
+        };
+    }
+    sqlx::query(
+        "INSERT INTO dockhand_job_events (job_id, status, reason, created_at)
+         VALUES (?, ?, ?, ?)",
+    )
+    .bind(job_id)
+    .bind(status.as_str())
+    .bind(reason)
+    .bind(ms(now))
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("finish_job (event)"))?;
+    tx.commit().await.map_err(Error::db("finish_job"))?;
+    Ok(BridgeOutcome::Finished)
+}
+
+/// Completes every claim `job_id` still holds, oldest first, running each one's handler on the
+/// open transaction. The inner `Err` is a completion failure (the caller rolls back); the outer
+/// one a database error.
+async fn complete_owned_claims(
+    conn: &mut SqliteConnection,
+    job_id: i64,
+    completions: &CompletionRegistry,
+    now: DateTime<Utc>,
+) -> Result<std::result::Result<(), String>> {
+    let rows = sqlx::query(
+        "SELECT id, scope, source_type, item_id, token, completion FROM dockhand_item_claims
+         WHERE job_id = ? AND status = 'claimed'
+         ORDER BY id",
+    )
+    .bind(job_id)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db("finish_job (claims)"))?;
+    let d = || Error::db("decode item claim");
+    for row in rows {
+        let id: i64 = row.try_get("id").map_err(d())?;
+        let identity = Identity {
+            scope: row.try_get("scope").map_err(d())?,
+            source_type: row.try_get("source_type").map_err(d())?,
+            item_id: row.try_get("item_id").map_err(d())?,
+        };
+        let item = &identity.item_id;
+        let token: Option<String> = row.try_get("token").map_err(d())?;
+        let text: Option<String> = row.try_get("completion").map_err(d())?;
+        let config = match config_from(id, text.as_deref()) {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(format!("item {item}: {e}"))),
+        };
+        let handler = match completions.resolve(&config) {
+            Ok(h) => h,
+            Err(e) => return Ok(Err(format!("item {item}: {e}"))),
+        };
+        if let Some(handler) = handler {
+            let ctx = CompletionContext {
+                token: token.unwrap_or_default(),
+                job_id: Some(job_id),
+                payload: config.payload.clone(),
+                now,
+                identity: identity.clone(),
+            };
+            if let Err(msg) = handler
+                .complete(CompletionTx::Sqlite(&mut *conn), &ctx)
+                .await
+            {
+                return Ok(Err(handler_failed(item, &msg)));
+            }
+        }
+        settle(conn, id, config.retain_processed, now).await?;
+    }
+    Ok(Ok(()))
+}

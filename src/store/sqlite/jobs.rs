@@ -1,0 +1,401 @@
+//! SQLite: job rows and their step transitions (create, start, advance, park, resume), engine
+//! data, the lifecycle-event outbox and content-addressed packets.
+//!
+//! Every transition is a compare-and-swap on (`id`, `step_index`, `status`); a step action is
+//! enqueued with [`enqueue_one`] in the same `BEGIN IMMEDIATE` transaction that moves the job.
+
+use super::{enqueue::enqueue_one, from_ms, ms, SqliteStore};
+use crate::error::{Error, Result};
+use crate::jobs::packets::EncodedPacket;
+use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction};
+use crate::state::JobStatus;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
+
+/// The columns [`job_from_row`] decodes.
+pub(super) const JOB_COLUMNS: &str = "id, pipeline, status, reason, step_index, input_refs,
+    engine_version, parent_id, created_at, updated_at, finished_at";
+
+/// Decodes a job row selected with [`JOB_COLUMNS`].
+pub(super) fn job_from_row(row: &SqliteRow) -> Result<Job> {
+    let d = || Error::db("decode job");
+    let id: i64 = row.try_get("id").map_err(d())?;
+    let corrupt = |message: String| Error::Corrupt {
+        what: "job",
+        id,
+        message,
+    };
+    let status: String = row.try_get("status").map_err(d())?;
+    let refs: String = row.try_get("input_refs").map_err(d())?;
+    Ok(Job {
+        id,
+        pipeline: row.try_get("pipeline").map_err(d())?,
+        status: status
+            .parse::<JobStatus>()
+            .map_err(|e| corrupt(e.to_string()))?,
+        reason: row.try_get("reason").map_err(d())?,
+        step_index: row.try_get("step_index").map_err(d())?,
+        input_refs: serde_json::from_str(&refs).map_err(|e| corrupt(format!("input_refs: {e}")))?,
+        engine_version: row.try_get("engine_version").map_err(d())?,
+        parent_id: row.try_get("parent_id").map_err(d())?,
+        created_at: from_ms(row.try_get("created_at").map_err(d())?),
+        updated_at: from_ms(row.try_get("updated_at").map_err(d())?),
+        finished_at: row
+            .try_get::<Option<i64>, _>("finished_at")
+            .map_err(d())?
+            .map(from_ms),
+    })
+}
+
+/// One job, read on `conn` (a reader, or the open write transaction).
+pub(super) async fn read_job(conn: &mut SqliteConnection, id: i64) -> Result<Option<Job>> {
+    let row = sqlx::query(&format!(
+        "SELECT {JOB_COLUMNS} FROM dockhand_jobs WHERE id = ?"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(Error::db("get_job"))?;
+    row.as_ref().map(job_from_row).transpose()
+}
+
+fn refs_json(refs: &[String]) -> Result<String> {
+    serde_json::to_string(refs).map_err(|e| Error::invalid("input_refs", e.to_string()))
+}
+
+/// Enqueues step `step` of `job` on the open transaction; true when the action is due now.
+async fn enqueue_step(
+    conn: &mut SqliteConnection,
+    template: &StepAction,
+    job: i64,
+    step: i32,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let action = template.action(job, step, now);
+    enqueue_one(conn, &action, now).await?;
+    Ok(action.scheduled_at <= now)
+}
+
+pub(super) async fn create_job(
+    store: &SqliteStore,
+    job: &NewJob,
+    now: DateTime<Utc>,
+) -> Result<i64> {
+    let refs = refs_json(&job.input_refs)?;
+    let data = serde_json::to_string(&job.engine_data)
+        .map_err(|e| Error::invalid("engine_data", e.to_string()))?;
+    let mut tx = store.begin_write("create_job").await?;
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO dockhand_jobs
+            (pipeline, status, step_index, input_refs, engine_data, engine_version,
+             created_at, updated_at)
+         VALUES (?, 'pending', 0, ?, ?, 0, ?, ?)
+         RETURNING id",
+    )
+    .bind(&job.pipeline)
+    .bind(refs)
+    .bind(data)
+    .bind(ms(now))
+    .bind(ms(now))
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(Error::db("create_job"))?;
+    let due = enqueue_step(&mut tx, &job.step, id, 0, now).await?;
+    tx.commit().await.map_err(Error::db("create_job"))?;
+    if due {
+        store.wake.notify();
+    }
+    Ok(id)
+}
+
+pub(super) async fn get_job(store: &SqliteStore, id: i64) -> Result<Option<Job>> {
+    let mut conn = store.reader.acquire().await.map_err(Error::db("get_job"))?;
+    read_job(&mut conn, id).await
+}
+
+pub(super) async fn list_jobs(store: &SqliteStore, f: &JobFilter) -> Result<Vec<Job>> {
+    let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+        "SELECT {JOB_COLUMNS} FROM dockhand_jobs WHERE 1 = 1"
+    ));
+    if let Some(p) = &f.pipeline {
+        qb.push(" AND pipeline = ").push_bind(p.clone());
+    }
+    if !f.statuses.is_empty() {
+        qb.push(" AND status IN (");
+        let mut sep = qb.separated(", ");
+        for s in &f.statuses {
+            sep.push_bind(s.as_str());
+        }
+        qb.push(")");
+    }
+    let limit = if f.limit <= 0 { 100 } else { f.limit };
+    qb.push(" ORDER BY id DESC LIMIT ")
+        .push_bind(limit)
+        .push(" OFFSET ")
+        .push_bind(f.offset.max(0));
+    let rows = qb
+        .build()
+        .fetch_all(&store.reader)
+        .await
+        .map_err(Error::db("list_jobs"))?;
+    rows.iter().map(job_from_row).collect()
+}
+
+pub(super) async fn start_step(
+    store: &SqliteStore,
+    job_id: i64,
+    step: i32,
+    now: DateTime<Utc>,
+) -> Result<Option<Job>> {
+    let mut tx = store.begin_write("start_step").await?;
+    let Some(mut job) = read_job(&mut tx, job_id).await? else {
+        tx.rollback().await.map_err(Error::db("start_step"))?;
+        return Ok(None);
+    };
+    let result = match job.status {
+        _ if job.step_index != step => None,
+        JobStatus::Processing => Some(job),
+        JobStatus::Pending => {
+            let done = sqlx::query(
+                "UPDATE dockhand_jobs SET status = 'processing', updated_at = ?
+                 WHERE id = ? AND step_index = ? AND status = 'pending'",
+            )
+            .bind(ms(now))
+            .bind(job_id)
+            .bind(step)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db("start_step"))?;
+            (done.rows_affected() == 1).then(|| {
+                job.status = JobStatus::Processing;
+                job.updated_at = crate::clock::to_millis(now);
+                job
+            })
+        }
+        _ => None,
+    };
+    tx.commit().await.map_err(Error::db("start_step"))?;
+    Ok(result)
+}
+
+pub(super) async fn advance_job(
+    store: &SqliteStore,
+    job_id: i64,
+    (from_step, to_step): (i32, i32),
+    input_refs: &[String],
+    step: &StepAction,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let refs = refs_json(input_refs)?;
+    let mut tx = store.begin_write("advance_job").await?;
+    let done = sqlx::query(
+        "UPDATE dockhand_jobs SET step_index = ?, input_refs = ?, updated_at = ?
+         WHERE id = ? AND step_index = ? AND status = 'processing'",
+    )
+    .bind(to_step)
+    .bind(refs)
+    .bind(ms(now))
+    .bind(job_id)
+    .bind(from_step)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("advance_job"))?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await.map_err(Error::db("advance_job"))?;
+        return Ok(false);
+    }
+    let due = enqueue_step(&mut tx, step, job_id, to_step, now).await?;
+    tx.commit().await.map_err(Error::db("advance_job"))?;
+    if due {
+        store.wake.notify();
+    }
+    Ok(true)
+}
+
+pub(super) async fn park_job(
+    store: &SqliteStore,
+    job_id: i64,
+    (from_step, to_step): (i32, i32),
+    input_refs: &[String],
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let refs = refs_json(input_refs)?;
+    let mut tx = store.begin_write("park_job").await?;
+    let done = sqlx::query(
+        "UPDATE dockhand_jobs SET status = 'waiting', step_index = ?, input_refs = ?,
+            updated_at = ?
+         WHERE id = ? AND step_index = ? AND status = 'processing'",
+    )
+    .bind(to_step)
+    .bind(refs)
+    .bind(ms(now))
+    .bind(job_id)
+    .bind(from_step)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("park_job"))?;
+    tx.commit().await.map_err(Error::db("park_job"))?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub(super) async fn resume_job(
+    store: &SqliteStore,
+    job_id: i64,
+    step: &StepAction,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let mut tx = store.begin_write("resume_job").await?;
+    let step_index: Option<i32> = sqlx::query_scalar(
+        "UPDATE dockhand_jobs SET status = 'processing', updated_at = ?
+         WHERE id = ? AND status = 'waiting'
+         RETURNING step_index",
+    )
+    .bind(ms(now))
+    .bind(job_id)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db("resume_job"))?;
+    let Some(step_index) = step_index else {
+        tx.rollback().await.map_err(Error::db("resume_job"))?;
+        return Ok(false);
+    };
+    let due = enqueue_step(&mut tx, step, job_id, step_index, now).await?;
+    tx.commit().await.map_err(Error::db("resume_job"))?;
+    if due {
+        store.wake.notify();
+    }
+    Ok(true)
+}
+
+pub(super) async fn engine_data(store: &SqliteStore, job_id: i64) -> Result<Option<(Value, i64)>> {
+    let row: Option<(String, i64)> =
+        sqlx::query_as("SELECT engine_data, engine_version FROM dockhand_jobs WHERE id = ?")
+            .bind(job_id)
+            .fetch_optional(&store.reader)
+            .await
+            .map_err(Error::db("engine_data"))?;
+    let Some((text, version)) = row else {
+        return Ok(None);
+    };
+    let data = serde_json::from_str(&text).map_err(|e| Error::Corrupt {
+        what: "job",
+        id: job_id,
+        message: format!("engine_data: {e}"),
+    })?;
+    Ok(Some((data, version)))
+}
+
+/// The version bump is the only change marker: the trait passes no clock time here, so
+/// `updated_at` (which tracks status transitions) is left alone.
+pub(super) async fn cas_engine_data(
+    store: &SqliteStore,
+    job_id: i64,
+    expected_version: i64,
+    data: &Value,
+) -> Result<bool> {
+    let text =
+        serde_json::to_string(data).map_err(|e| Error::invalid("engine_data", e.to_string()))?;
+    let mut tx = store.begin_write("cas_engine_data").await?;
+    let done = sqlx::query(
+        "UPDATE dockhand_jobs SET engine_data = ?, engine_version = engine_version + 1
+         WHERE id = ? AND engine_version = ?",
+    )
+    .bind(text)
+    .bind(job_id)
+    .bind(expected_version)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("cas_engine_data"))?;
+    tx.commit().await.map_err(Error::db("cas_engine_data"))?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub(super) async fn undelivered_events(store: &SqliteStore, limit: i64) -> Result<Vec<JobEvent>> {
+    let limit = if limit <= 0 { 100 } else { limit };
+    let rows = sqlx::query(
+        "SELECT e.id, e.job_id, j.pipeline, e.status, e.reason, e.created_at
+         FROM dockhand_job_events e JOIN dockhand_jobs j ON j.id = e.job_id
+         WHERE e.delivered_at IS NULL
+         ORDER BY e.id
+         LIMIT ?",
+    )
+    .bind(limit)
+    .fetch_all(&store.reader)
+    .await
+    .map_err(Error::db("undelivered_events"))?;
+    let d = || Error::db("decode job event");
+    rows.iter()
+        .map(|row| {
+            let id: i64 = row.try_get("id").map_err(d())?;
+            let status: String = row.try_get("status").map_err(d())?;
+            Ok(JobEvent {
+                id,
+                job_id: row.try_get("job_id").map_err(d())?,
+                pipeline: row.try_get("pipeline").map_err(d())?,
+                status: status.parse().map_err(|e: Error| Error::Corrupt {
+                    what: "job event",
+                    id,
+                    message: e.to_string(),
+                })?,
+                reason: row.try_get("reason").map_err(d())?,
+                created_at: from_ms(row.try_get("created_at").map_err(d())?),
+            })
+        })
+        .collect()
+}
+
+pub(super) async fn mark_event_delivered(
+    store: &SqliteStore,
+    event_id: i64,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let mut tx = store.begin_write("mark_event_delivered").await?;
+    let done = sqlx::query(
+        "UPDATE dockhand_job_events SET delivered_at = ?
+         WHERE id = ? AND delivered_at IS NULL",
+    )
+    .bind(ms(now))
+    .bind(event_id)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("mark_event_delivered"))?;
+    tx.commit()
+        .await
+        .map_err(Error::db("mark_event_delivered"))?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub(super) async fn put_packets(
+    store: &SqliteStore,
+    packets: &[EncodedPacket],
+    now: DateTime<Utc>,
+) -> Result<()> {
+    if packets.is_empty() {
+        return Ok(());
+    }
+    let mut tx = store.begin_write("put_packets").await?;
+    for p in packets {
+        sqlx::query(
+            "INSERT INTO dockhand_packets (hash, body, created_at) VALUES (?, ?, ?)
+             ON CONFLICT (hash) DO NOTHING",
+        )
+        .bind(&p.hash)
+        .bind(&p.body)
+        .bind(ms(now))
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db("put_packets"))?;
+    }
+    tx.commit().await.map_err(Error::db("put_packets"))?;
+    Ok(())
+}
+
+pub(super) async fn packet_body(store: &SqliteStore, hash: &str) -> Result<Option<String>> {
+    sqlx::query_scalar("SELECT body FROM dockhand_packets WHERE hash = ?")
+        .bind(hash)
+        .fetch_optional(&store.reader)
+        .await
+        .map_err(Error::db("packet_body"))
+}

@@ -1,0 +1,197 @@
+//! The request and result types of [`crate::store::Store`]'s action methods.
+
+use crate::state::ActionStatus;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// Which database a store talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Embedded SQLite.
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        })
+    }
+}
+
+/// The result of an enqueue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Enqueued {
+    /// The action's id (the existing one for a unique duplicate).
+    pub id: i64,
+    /// False when a unique duplicate was found and nothing was inserted.
+    pub inserted: bool,
+}
+
+/// A runner's request for due actions.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// The runner's owner id, stamped on the lease.
+    pub owner: &'a str,
+    /// How many actions at most (the runner's free slots).
+    pub limit: i64,
+    /// The current time: actions due at or before it are claimable.
+    pub now: DateTime<Utc>,
+    /// Lease expiry to stamp.
+    pub lease_until: DateTime<Utc>,
+    /// Claim only actions with these hooks (`None`: any hook; an action whose hook has no
+    /// handler then fails with an "unknown hook" error, as in Action Scheduler).
+    pub hooks: Option<&'a [String]>,
+}
+
+/// An action handed to a runner with its lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedAction {
+    /// Action id.
+    pub id: i64,
+    /// Hook name.
+    pub hook: String,
+    /// JSON args.
+    pub args: Value,
+    /// Group label.
+    pub group: Option<String>,
+    /// When it was due.
+    pub scheduled_at: DateTime<Utc>,
+    /// This attempt's number (1 for the first run).
+    pub attempt: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// Per-run timeout, ms.
+    pub timeout_ms: Option<i64>,
+    /// The fencing token of this claim.
+    pub token: i64,
+}
+
+impl ClaimedAction {
+    /// The lease that guards finishing this claim.
+    pub fn lease(&self) -> Lease {
+        Lease {
+            id: self.id,
+            token: self.token,
+        }
+    }
+}
+
+/// What identifies one claim of one action: only its holder may finish it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Lease {
+    /// Action id.
+    pub id: i64,
+    /// Fencing token.
+    pub token: i64,
+}
+
+/// How a run ended, as written by [`Store::finish`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finish {
+    /// Success: running → complete.
+    Complete,
+    /// Retryable failure with attempts left: running → pending at `at`.
+    Retry {
+        /// Next run time.
+        at: DateTime<Utc>,
+        /// The error text kept as `last_error`.
+        error: String,
+    },
+    /// Fatal failure or attempts exhausted: running → failed.
+    Fail {
+        /// The error text kept as `last_error`.
+        error: String,
+    },
+    /// Run later without using an attempt: running → pending at `at`.
+    Snooze {
+        /// Next run time.
+        at: DateTime<Utc>,
+    },
+    /// Graceful shutdown gives the lease back, attempt uncounted: running → pending now.
+    Release,
+}
+
+impl Finish {
+    /// The status this finish writes.
+    pub fn target(&self) -> ActionStatus {
+        match self {
+            Finish::Complete => ActionStatus::Complete,
+            Finish::Fail { .. } => ActionStatus::Failed,
+            _ => ActionStatus::Pending,
+        }
+    }
+
+    /// (event, detail) for the action log.
+    pub(crate) fn log_entry(&self) -> (&'static str, Option<String>) {
+        match self {
+            Finish::Complete => ("completed", None),
+            Finish::Retry { at, error } => (
+                "retry",
+                Some(format!(
+                    "{error} (next run {})",
+                    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+                )),
+            ),
+            Finish::Fail { error } => ("failed", Some(error.clone())),
+            Finish::Snooze { at } => (
+                "snoozed",
+                Some(format!(
+                    "until {}",
+                    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+                )),
+            ),
+            Finish::Release => ("released", Some("shutdown".into())),
+        }
+    }
+}
+
+/// Whether a guarded finish took effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum FinishResult {
+    /// The write happened.
+    Applied,
+    /// The lease was no longer ours (expired and reclaimed, canceled, or already finished):
+    /// nothing was written except a `lease_lost` log entry.
+    LeaseLost,
+}
+
+/// What the lease reaper did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ReapReport {
+    /// Expired leases put back to pending (attempt counted).
+    pub requeued: u64,
+    /// Expired leases with no attempts left, marked failed.
+    pub failed: u64,
+}
+
+/// Age limits for retention.
+#[derive(Debug, Clone, Copy)]
+pub struct PruneCutoffs {
+    /// Delete complete and canceled actions finished before this.
+    pub finished_before: DateTime<Utc>,
+    /// Delete failed actions finished before this.
+    pub failed_before: DateTime<Utc>,
+    /// At most this many actions per batch (one transaction per batch).
+    pub batch: i64,
+}
+
+/// Queue statistics (`dockhand stats`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct QueueStats {
+    /// Count per status.
+    pub by_status: BTreeMap<String, i64>,
+    /// Count per (group, status); the empty string stands for "no group".
+    pub by_group: BTreeMap<String, BTreeMap<String, i64>>,
+    /// Pending actions that are due now.
+    pub past_due: i64,
+    /// How late the oldest due pending action is, in milliseconds.
+    pub oldest_due_lag_ms: Option<i64>,
+}
