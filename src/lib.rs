@@ -33,6 +33,7 @@
 
 pub mod action;
 pub mod backoff;
+pub mod batch;
 pub mod claims;
 pub mod cli;
 pub mod clock;

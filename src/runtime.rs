@@ -2,6 +2,7 @@
 //! handle that stops the worker pool gracefully.
 
 use crate::backoff::Backoff;
+use crate::batch::{CHUNK_HOOK, FINALIZE_HOOK};
 use crate::claims::{CompletionHandler, CompletionRegistry};
 use crate::clock::{Clock, SystemClock};
 use crate::error::Result;
@@ -217,6 +218,12 @@ impl RuntimeBuilder {
             let e = Arc::clone(&engine);
             self.registry
                 .insert(STEP_HOOK, move |ctx| Arc::clone(&e).run_step(ctx));
+            let e = Arc::clone(&engine);
+            self.registry
+                .insert(CHUNK_HOOK, move |ctx| Arc::clone(&e).run_chunk(ctx));
+            let e = Arc::clone(&engine);
+            self.registry
+                .insert(FINALIZE_HOOK, move |ctx| Arc::clone(&e).run_finalize(ctx));
             let e = Arc::clone(&engine);
             self.registry.observe_failures(
                 STEP_HOOK,

@@ -5,7 +5,8 @@
 //! works through [`crate::Queue`]; human tables by default, JSON with `--json`. The commands live
 //! in `actions` (enqueue, list, show, cancel, retry), `schedules` (recurring enqueue,
 //! unschedule, schedules), `jobs` (jobs list/show, manual-fail, cancel-job), `claims` (claims
-//! list), `ops` (migrate, stats, prune, run) and `demo`; `args` parses durations and other
+//! list), `recovery` (recover-stuck, liveness, check), `ops` (migrate, stats, prune, run) and
+//! `demo` (the feed-import demo, and the hooks `run` serves); `args` parses durations and other
 //! values, `table` prints tables, `output` writes results and errors.
 
 mod actions;
@@ -15,6 +16,7 @@ mod demo;
 mod jobs;
 mod ops;
 mod output;
+mod recovery;
 mod schedules;
 mod table;
 
@@ -23,6 +25,7 @@ pub use demo::{register_demo_hooks, DEMO_HOOKS};
 pub use jobs::{JobListArgs, JobsCommand};
 pub use output::CliError;
 use output::Output;
+pub use recovery::{LivenessArgs, RecoverArgs};
 
 use crate::action::{ActionFilter, ActionOrder, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY};
 use crate::jobs::bridge::reason;
@@ -32,26 +35,30 @@ use chrono::{DateTime, Duration, Utc};
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use std::sync::Arc;
 
+/// The database every command but `demo` uses when no `--database-url` is given.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite:dockhand.db";
+
 /// `dockhand`: operate a dockhand task queue from the shell.
 #[derive(Debug, Parser)]
 #[command(
     name = "dockhand",
     version,
     about = "Operate a dockhand durable task queue: enqueue, inspect, cancel, retry, prune, run; \
-             inspect jobs and item claims, fail or cancel jobs",
+             inspect jobs and item claims, fail or cancel jobs; recover stranded jobs and audit \
+             the invariants",
     after_help = "Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=dockhand=debug) for more."
 )]
 pub struct Cli {
-    /// Database URL: sqlite:PATH, sqlite::memory: or postgres://USER:PASSWORD@HOST/DB.
+    /// Database URL: sqlite:PATH, sqlite::memory: or postgres://USER:PASSWORD@HOST/DB
+    /// [default: sqlite:dockhand.db; for `demo`: sqlite:dockhand-demo.db].
     #[arg(
         long,
         global = true,
         env = "DOCKHAND_DATABASE_URL",
         hide_env_values = true,
-        default_value = "sqlite:dockhand.db",
         value_name = "URL"
     )]
-    pub database_url: String,
+    pub database_url: Option<String>,
     /// Print JSON instead of human-readable tables and messages.
     #[arg(long, global = true)]
     pub json: bool,
@@ -62,8 +69,7 @@ pub struct Cli {
 
 impl Cli {
     /// The log filter used when `RUST_LOG` is not set: `run` shows the worker's activity, `demo`
-    /// only errors (its flaky actions fail on purpose, and warnings would break the progress
-    /// bar), everything else warnings.
+    /// only errors (log lines would break its progress bars), everything else warnings.
     pub fn default_log_filter(&self) -> &'static str {
         match self.command {
             Command::Run(_) => "warn,dockhand=info",
@@ -153,12 +159,50 @@ pub enum Command {
     /// claims only actions of those hooks, so actions for other hooks on a shared queue are
     /// left to the workers that handle them.
     Run(RunArgs),
-    /// Run a self-contained demo on a temporary SQLite database.
+    /// Bring stranded jobs forward: pending/processing jobs that no action and no active child
+    /// will move.
     ///
-    /// No server needed: enqueues a few thousand actions of several kinds (immediate, delayed,
-    /// flaky, a unique duplicate, a 1s interval schedule), processes them with a progress bar
-    /// until all are final, then prints counts per status and hook, retries, schedule ticks,
-    /// wall time and throughput. The database file is deleted afterwards unless --keep.
+    /// Examines jobs unchanged for at least --older-than (lowest id first, at most --limit). A
+    /// stranded batch parent is finished from its children's counters when it is fenced and
+    /// every child is final, otherwise its chunk action is enqueued again; a stranded job whose
+    /// step action failed for good is finished `failed` (reason `stale`); any other stranded
+    /// job gets its step action enqueued again. Undelivered lifecycle events are replayed. Jobs
+    /// with a pending/running action or active children are left alone. Re-enqueued actions
+    /// are carried out by a runtime that registered the job's pipeline. Prints every counter of
+    /// the report; with --dry-run changes nothing and prints the would_* counters.
+    RecoverStuck(RecoverArgs),
+    /// Show what drives each pending/processing job, and which ones are stranded.
+    ///
+    /// One row per job: pipeline, status, step, whether a pending/running action (step, chunk
+    /// or finalize) exists, whether it is a batch parent (then its fence and active children),
+    /// how long it has been unchanged, and its class: `has_scheduler_path` (an action will move
+    /// it), `active_children` (no action, but its last child's terminal transaction will) or
+    /// `stranded` (nothing will; see recover-stuck). Ends with the counts per class.
+    Liveness(LivenessArgs),
+    /// Audit the invariants of jobs, batches, item claims and actions; exit status 1 when one
+    /// is broken.
+    ///
+    /// Looks for: claims held by final jobs, processing jobs without an action or active
+    /// child, fenced batch parents whose children are all final that are neither final nor
+    /// have a pending action, running actions whose lease expired more than a minute ago, and
+    /// batch parent counters that differ from their children. Prints each violation
+    /// (invariant, subject, detail) and exits with status 1 and a summary line when there is
+    /// any; otherwise prints "all invariants hold" and exits with status 0.
+    Check,
+    /// Run the feed-import demo: batch fan-out over a bundled 3000-item feed, on SQLite.
+    ///
+    /// No server needed. Registers the pipeline `feed-import` (step `claim` claims each item of
+    /// the bundled data/feed.jsonl in the shared scope `shared:feed`, skipping items already
+    /// processed, and fans out one child job per new item in chunks of 100; step `process` runs
+    /// in each child) and starts one job, with progress bars for the claim step, the parent
+    /// (children created of items) and the children (finished of created). Then prints the
+    /// counts read back from the database (items, newly processed, skipped, children, parent
+    /// status, tracked-items rows, wall time) and runs `check`. The database is kept
+    /// (default sqlite:dockhand-demo.db in the current directory; --database-url or
+    /// DOCKHAND_DATABASE_URL choose another, PostgreSQL included), so a second run processes
+    /// nothing new and its job finishes completed_no_items; feed-import jobs an interrupted run
+    /// left unfinished are finished first. Exit status 1 if the job does not succeed, an
+    /// invariant is broken or --timeout passes.
     Demo(DemoArgs),
 }
 
@@ -295,17 +339,19 @@ pub struct RunArgs {
 /// Options of `dockhand demo`.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// How many actions to enqueue.
-    #[arg(long, value_name = "N", default_value_t = 3000,
-          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub actions: u32,
-    /// Actions run at once.
-    #[arg(long, value_name = "N", default_value_t = 32,
+    /// Delete the demo's SQLite database file (and its -wal/-shm side files) first, so every
+    /// feed item is new again.
+    #[arg(long)]
+    pub fresh: bool,
+    /// Actions (steps, chunks, finalize) run at once.
+    #[arg(long, value_name = "N", default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub concurrency: u32,
-    /// Keep the temporary database file afterwards (its path is printed).
-    #[arg(long)]
-    pub keep: bool,
+    /// Give up (exit status 1) when the job is not final after this long; the job stays in the
+    /// database and the next run carries it on.
+    #[arg(long, value_name = "DURATION", default_value = "2m",
+          value_parser = args::parse_duration, allow_hyphen_values = true)]
+    pub timeout: Duration,
 }
 
 /// Runs the parsed command line to completion.
@@ -317,12 +363,19 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     } = cli;
     let out = Output { json };
     match command {
-        Command::Demo(a) => demo::run(&a, out).await,
-        Command::Run(a) => ops::run_worker(&database_url, &a, out).await,
+        Command::Demo(a) => {
+            let url = database_url.as_deref().unwrap_or(demo::DEMO_DATABASE_URL);
+            demo::run(url, &a, out).await
+        }
+        Command::Run(a) => {
+            let url = database_url.as_deref().unwrap_or(DEFAULT_DATABASE_URL);
+            ops::run_worker(url, &a, out).await
+        }
         other => {
-            let store = crate::store::connect(&database_url).await?;
+            let database_url = database_url.as_deref().unwrap_or(DEFAULT_DATABASE_URL);
+            let store = crate::store::connect(database_url).await?;
             let queue = Queue::new(Arc::clone(&store));
-            let result = dispatch(other, &database_url, &queue, out).await;
+            let result = dispatch(other, database_url, &queue, out).await;
             store.close().await;
             result
         }
@@ -349,6 +402,9 @@ async fn dispatch(command: Command, url: &str, q: &Queue, out: Output) -> Result
         Command::CancelJob { job } => {
             jobs::finish_by_hand(q, job, JobStatus::Cancelled, reason::MANUAL, out).await
         }
+        Command::RecoverStuck(a) => recovery::recover_stuck(q, &a, out).await,
+        Command::Liveness(a) => recovery::liveness(q, &a, out).await,
+        Command::Check => recovery::check(q, out).await,
         // These two open their own runtime; `run` never routes them here.
         Command::Run(_) | Command::Demo(_) => Err(CliError::Failed(
             "internal error: command dispatched without its runtime".into(),
@@ -398,6 +454,24 @@ mod tests {
         assert!(parse(&["dockhand", "claims", "list", "--status", "done"]).is_err());
         assert!(parse(&["dockhand", "manual-fail", "3", "--reason", "bad feed"]).is_ok());
         assert!(parse(&["dockhand", "cancel-job", "3", "--reason", "x"]).is_err());
+        assert!(parse(&[
+            "dockhand",
+            "recover-stuck",
+            "--dry-run",
+            "--limit",
+            "10",
+            "--older-than",
+            "30s",
+            "--json"
+        ])
+        .is_ok());
+        assert!(parse(&["dockhand", "recover-stuck", "--older-than", "5"]).is_err());
+        assert!(parse(&["dockhand", "recover-stuck", "--limit", "0"]).is_err());
+        assert!(parse(&["dockhand", "liveness", "--limit", "5"]).is_ok());
+        assert!(parse(&["dockhand", "check", "--json"]).is_ok());
+        assert!(parse(&["dockhand", "check", "--limit", "5"]).is_err());
+        assert!(parse(&["dockhand", "demo", "--fresh", "--timeout", "30s"]).is_ok());
+        assert!(parse(&["dockhand", "demo", "--keep"]).is_err());
         assert!(parse(&[
             "dockhand",
             "list",

@@ -79,8 +79,26 @@ impl Jobs {
             .await
     }
 
-    /// Cancels a job through the terminal bridge; its claims are released.
+    /// Cancels a job through the terminal bridge; its claims are released. A batch parent
+    /// (B5) stops scheduling at once (unscheduled items discarded, their claims released) and
+    /// finishes `cancelled` when no child is active; until then the result keeps its current
+    /// status with reason `cancel_requested`.
     pub async fn cancel(&self, id: i64) -> Result<Finished> {
+        let job = self.get(id).await?;
+        if self.engine.is_batch_parent(&job).await? {
+            if self.engine.cancel_batch(id).await? {
+                return Ok(Finished {
+                    status: JobStatus::Cancelled,
+                    reason: Some(reason::MANUAL.into()),
+                    changed: true,
+                });
+            }
+            return Ok(Finished {
+                status: job.status,
+                reason: Some("cancel_requested".into()),
+                changed: true,
+            });
+        }
         self.finish(id, JobStatus::Cancelled, Some(reason::MANUAL))
             .await
     }
@@ -206,6 +224,43 @@ impl Jobs {
     /// The stored claim of an item.
     pub async fn claim_state(&self, identity: &Identity) -> Result<Option<ItemClaim>> {
         self.engine.store.get_claim(identity).await
+    }
+
+    /// R2: finds stranded jobs and brings each forward (or reports it, in a dry run).
+    pub async fn recover_stuck(
+        &self,
+        opts: &crate::batch::recovery::RecoverOptions,
+    ) -> Result<crate::batch::recovery::RecoverReport> {
+        self.engine.recover_stuck(opts).await
+    }
+
+    /// R3: every pending/processing job with what drives it.
+    pub async fn liveness(&self, limit: i64) -> Result<Vec<crate::batch::JobLiveness>> {
+        self.engine.liveness(limit).await
+    }
+
+    /// DESIGN §11: every broken invariant.
+    pub async fn check(&self) -> Result<Vec<crate::batch::Violation>> {
+        self.engine.check().await
+    }
+
+    /// A batch parent's fields and worklist counts.
+    pub async fn batch_state(&self, parent: i64) -> Result<Option<crate::batch::BatchState>> {
+        self.engine.store.batch_state(parent).await
+    }
+
+    /// A job handle over `store` without pipelines (operator tools: bridge finishes, recovery,
+    /// audit, claims). Starting or resuming pipeline runs needs a runtime that registered them.
+    pub fn without_pipelines(store: crate::store::DynStore, clock: Arc<dyn crate::Clock>) -> Jobs {
+        Jobs::new(Arc::new(Engine {
+            store,
+            clock,
+            pipelines: Default::default(),
+            completions: crate::claims::CompletionRegistry::with_builtins(),
+            hooks: Default::default(),
+            reprocess: None,
+            delivering: tokio::sync::Mutex::new(()),
+        }))
     }
 
     /// Delivers undelivered lifecycle events now (the maintenance sweep does this too).

@@ -182,16 +182,23 @@ impl Engine {
         match output {
             StepOutput::Skip => self.finish_from_step(job_id, JobStatus::Skipped).await,
             StepOutput::Packets(p) if p.is_empty() => {
-                self.finish_from_step(job_id, JobStatus::CompletedNoItems).await
+                self.finish_from_step(job_id, JobStatus::CompletedNoItems)
+                    .await
             }
-            StepOutput::Packets(_) if last => self.finish_from_step(job_id, JobStatus::Completed).await,
-            StepOutput::Packets(p) if p.len() > 1 && !def.inline => Err(HandlerError::fatal(format!(
-                "step `{}` emitted {} packets: batch fan-out is not available yet; mark the step `.inline()` to pass them all to the next step",
-                def.name,
-                p.len()
-            ))),
-            StepOutput::Packets(p) => self.continue_inline(job_id, step, &p, &template, false).await,
-            StepOutput::Park(p) => self.continue_inline(job_id, step, &p, &template, true).await,
+            StepOutput::Packets(_) if last => {
+                self.finish_from_step(job_id, JobStatus::Completed).await
+            }
+            StepOutput::Packets(p) if p.len() > 1 && !def.inline => {
+                self.fan_out(&job, step, &p, &pipeline).await
+            }
+            StepOutput::Packets(p) => {
+                self.continue_inline(job_id, step, &p, &template, false)
+                    .await
+            }
+            StepOutput::Park(p) => {
+                self.continue_inline(job_id, step, &p, &template, true)
+                    .await
+            }
         }
     }
 

@@ -40,7 +40,9 @@ impl Packet {
 #[derive(Debug, Clone, PartialEq)]
 pub enum StepOutput {
     /// Packets for the next step. None: the job finishes `completed_no_items`. After the last
-    /// step: `completed`.
+    /// step: `completed`. Several, from a step that is not `.inline()`: batch fan-out — each
+    /// packet becomes a child job that starts at the next step, and the job finishes from its
+    /// children (B6).
     Packets(Vec<Packet>),
     /// Finish the job `skipped`.
     Skip,
@@ -84,6 +86,7 @@ pub struct Pipeline {
     pub(crate) steps: Vec<Step>,
     pub(crate) max_attempts: u32,
     pub(crate) priority: i32,
+    pub(crate) chunk_size: Option<i32>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -106,6 +109,7 @@ impl Pipeline {
             steps: Vec::new(),
             max_attempts: 3,
             priority: crate::action::DEFAULT_PRIORITY,
+            chunk_size: None,
         }
     }
 
@@ -152,6 +156,12 @@ impl Pipeline {
     /// Attempts per step before the job fails `retry_exhausted` (J6). Default 3.
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = n.max(1);
+        self
+    }
+
+    /// Worklist rows turned into child jobs per chunk action when a step fans out (default 100).
+    pub fn chunk_size(mut self, n: u32) -> Self {
+        self.chunk_size = Some(i32::try_from(n.max(1)).unwrap_or(i32::MAX));
         self
     }
 

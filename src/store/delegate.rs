@@ -310,6 +310,113 @@ macro_rules! delegate_store {
             async fn listen(&self) -> Result<()> {
                 $around!(self, "listen", self.inner.listen())
             }
+            async fn fan_out(
+                &self,
+                parent: i64,
+                items: &[WorkItem],
+                chunk_size: i32,
+                child_step: i32,
+                contract: &str,
+                now: DateTime<Utc>,
+            ) -> Result<FanOutOutcome> {
+                $around!(
+                    self,
+                    "fan_out",
+                    self.inner
+                        .fan_out(parent, items, chunk_size, child_step, contract, now)
+                )
+            }
+            async fn schedule_chunk(
+                &self,
+                parent: i64,
+                offset: i64,
+                priority: i32,
+                now: DateTime<Utc>,
+            ) -> Result<()> {
+                $around!(
+                    self,
+                    "schedule_chunk",
+                    self.inner.schedule_chunk(parent, offset, priority, now)
+                )
+            }
+            async fn lease_work(
+                &self,
+                parent: i64,
+                limit: i64,
+                owner: &str,
+                lease_until: DateTime<Utc>,
+                now: DateTime<Utc>,
+            ) -> Result<Vec<WorkRow>> {
+                $around!(
+                    self,
+                    "lease_work",
+                    self.inner
+                        .lease_work(parent, limit, owner, lease_until, now)
+                )
+            }
+            async fn create_child(
+                &self,
+                child: &ChildSpec,
+                now: DateTime<Utc>,
+            ) -> Result<ChildOutcome> {
+                $around!(self, "create_child", self.inner.create_child(child, now))
+            }
+            async fn settle_work(
+                &self,
+                parent: i64,
+                idx: i32,
+                settle: &RowSettle,
+                now: DateTime<Utc>,
+            ) -> Result<()> {
+                $around!(
+                    self,
+                    "settle_work",
+                    self.inner.settle_work(parent, idx, settle, now)
+                )
+            }
+            async fn fence_batch(&self, parent: i64, now: DateTime<Utc>) -> Result<FenceOutcome> {
+                $around!(self, "fence_batch", self.inner.fence_batch(parent, now))
+            }
+            async fn abort_batch(
+                &self,
+                parent: i64,
+                why: BatchAbort,
+                now: DateTime<Utc>,
+            ) -> Result<BatchState> {
+                $around!(
+                    self,
+                    "abort_batch",
+                    self.inner.abort_batch(parent, why, now)
+                )
+            }
+            async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {
+                $around!(self, "batch_state", self.inner.batch_state(parent))
+            }
+            async fn cleanup_worklist(&self, parent: i64) -> Result<u64> {
+                $around!(
+                    self,
+                    "cleanup_worklist",
+                    self.inner.cleanup_worklist(parent)
+                )
+            }
+            async fn job_liveness(
+                &self,
+                older_than: DateTime<Utc>,
+                limit: i64,
+            ) -> Result<Vec<JobLiveness>> {
+                $around!(
+                    self,
+                    "job_liveness",
+                    self.inner.job_liveness(older_than, limit)
+                )
+            }
+            async fn audit(
+                &self,
+                now: DateTime<Utc>,
+                grace: chrono::Duration,
+            ) -> Result<Vec<Violation>> {
+                $around!(self, "audit", self.inner.audit(now, grace))
+            }
         }
     };
 }

@@ -11,6 +11,10 @@ use super::{
     PruneCutoffs, QueueStats, ReapReport, Store,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
+use crate::batch::{
+    BatchAbort, BatchState, ChildOutcome, ChildSpec, FanOutOutcome, FenceOutcome, JobLiveness,
+    RowSettle, Violation, WorkItem, WorkRow,
+};
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
     ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,

@@ -7,6 +7,10 @@
 //! `running`; zero rows is reported as [`FinishResult::LeaseLost`], never as success.
 
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
+use crate::batch::{
+    BatchAbort, BatchState, ChildOutcome, ChildSpec, FanOutOutcome, FenceOutcome, JobLiveness,
+    RowSettle, Violation, WorkItem, WorkRow,
+};
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
     ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,
@@ -193,7 +197,12 @@ pub trait Store: Send + Sync + 'static {
     /// `retain_processed`; any failure rolls everything back and returns
     /// `ClaimCompletionFailed`. For failed/cancelled: deletes every claim the job owns that is
     /// still `claimed`. Then writes status, reason and `finished_at` with a compare-and-swap on
-    /// the status read, inserts the lifecycle event into `dockhand_job_events`, and commits.
+    /// the status read, inserts the lifecycle event into `dockhand_job_events`, and — when the
+    /// job is a batch child — bumps the parent's counters (`children_terminal` and one of
+    /// `children_completed` (completed) / `children_failed` (failed, cancelled) /
+    /// `children_skipped` (skipped, completed_no_items)) and, if the parent is fenced, now has
+    /// every child terminal and is not final, enqueues `batch::finalize_action(parent)`, all in
+    /// the same transaction; then commits.
     async fn finish_job(
         &self,
         job_id: i64,
@@ -268,6 +277,98 @@ pub trait Store: Send + Sync + 'static {
 
     /// A tracked-items ledger row (C8).
     async fn tracked_item(&self, namespace: &str, item_id: &str) -> Result<Option<TrackedItem>>;
+
+    // ----- batches (B1–B8) and recovery (R2, R3, §11) -----------------------------------
+
+    /// Fan-out (B1), one transaction: lock the parent; if it has no batch yet, write the
+    /// worklist (one `ready` row per item, idx 0..n, with its sidecar), and the parent's batch
+    /// fields (`batch_state = 'scheduling'`, contract, chunk size, child step, items_total) →
+    /// `Created`. The same contract again → `Adopted` (nothing written); another → `Rejected`.
+    /// Does not enqueue the first chunk (see `schedule_chunk`).
+    async fn fan_out(
+        &self,
+        parent: i64,
+        items: &[WorkItem],
+        chunk_size: i32,
+        child_step: i32,
+        contract: &str,
+        now: DateTime<Utc>,
+    ) -> Result<FanOutOutcome>;
+
+    /// Enqueues `batch::chunk_action(parent, offset, priority, now)` (unique per parent and
+    /// offset; a duplicate is not an error).
+    async fn schedule_chunk(
+        &self,
+        parent: i64,
+        offset: i64,
+        priority: i32,
+        now: DateTime<Utc>,
+    ) -> Result<()>;
+
+    /// Leases up to `limit` rows of the parent that are `ready`, or `leased` with an expired
+    /// lease, in idx order: state `leased`, owner, `lease_until`.
+    async fn lease_work(
+        &self,
+        parent: i64,
+        limit: i64,
+        owner: &str,
+        lease_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<WorkRow>>;
+
+    /// One transaction (B2): insert the child job (`pending`, `parent_id`, `child_index`,
+    /// `step_index`, `input_refs`) unless (parent, idx) exists (then `Adopted`, no other
+    /// write except marking the row completed); hand the sidecar claims to the child
+    /// (`job_id = child` where token in `claim_tokens` and `job_id = parent` and `claimed`);
+    /// mark the row `completed` with `child_id`; bump the parent's `children_total`; enqueue
+    /// the child's step action `step.action(child, step_index, now)`.
+    async fn create_child(&self, child: &ChildSpec, now: DateTime<Utc>) -> Result<ChildOutcome>;
+
+    /// Settles a leased row that did not become a child (B4): back to `ready` with attempts+1,
+    /// or `discarded` (error kept) with its sidecar claims released (deleted where token in
+    /// the sidecar, `job_id = parent`, status `claimed`), in one transaction.
+    async fn settle_work(
+        &self,
+        parent: i64,
+        idx: i32,
+        settle: &RowSettle,
+        now: DateTime<Utc>,
+    ) -> Result<()>;
+
+    /// One transaction (B2, B6): lock the parent; rows still ready/leased → `Outstanding`;
+    /// else set `batch_state = 'fenced'` and, if `children_terminal = children_total`,
+    /// enqueue `batch::finalize_action(parent, now)` → `Fenced { finalize_enqueued }`.
+    async fn fence_batch(&self, parent: i64, now: DateTime<Utc>) -> Result<FenceOutcome>;
+
+    /// Stops scheduling (B3, B5), one transaction: lock the parent; discard every `ready` row
+    /// and release its sidecar claims; set `batch_outcome` (`batch_schedule_failed` or
+    /// `cancel_requested`; an existing outcome is kept) and the fence; returns the state after.
+    async fn abort_batch(
+        &self,
+        parent: i64,
+        why: BatchAbort,
+        now: DateTime<Utc>,
+    ) -> Result<BatchState>;
+
+    /// The parent's batch fields and worklist counts; `None` when the job does not exist or is
+    /// not a batch parent.
+    async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>>;
+
+    /// Deletes the worklist of a parent (B8); an error while the parent is not final.
+    async fn cleanup_worklist(&self, parent: i64) -> Result<u64>;
+
+    /// Jobs in `pending`/`processing` last changed before `older_than`, with what drives them
+    /// (R2, R3): an active step/chunk/finalize action (by unique key `j:{id}:…`, `b:{id}:…`,
+    /// `f:{id}`), active children, fence, and whether the current step's action failed.
+    async fn job_liveness(&self, older_than: DateTime<Utc>, limit: i64)
+        -> Result<Vec<JobLiveness>>;
+
+    /// Audits the invariants of DESIGN §11 and returns every violation: a claim held by a
+    /// final job; a processing job with no action and no active child; a fenced parent with
+    /// all children terminal that is neither final nor has a pending action; a running action
+    /// whose lease expired before `now - grace`; parent counters that differ from the counts
+    /// of its children.
+    async fn audit(&self, now: DateTime<Utc>, grace: chrono::Duration) -> Result<Vec<Violation>>;
 
     /// A receiver that changes whenever an action is enqueued in this process (and, on
     /// PostgreSQL once [`Store::listen`] runs, in any process).

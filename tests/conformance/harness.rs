@@ -126,6 +126,29 @@ impl TestDb {
         dockhand::Queue::with_clock(self.store.clone(), Arc::new(self.clock.clone()))
     }
 
+    /// Runs raw SQL against the test database (to tamper with stored data in failure tests).
+    pub async fn exec_sql(&self, sql: &str) {
+        match self.kind {
+            Kind::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url)
+                    .await
+                    .expect("open sqlite");
+                sqlx::query(sql).execute(&pool).await.expect("exec sql");
+                pool.close().await;
+            }
+            Kind::Postgres => {
+                use std::str::FromStr;
+                let schema = self.schema.clone().unwrap_or_else(|| "public".into());
+                let opts = sqlx::postgres::PgConnectOptions::from_str(&self.url)
+                    .expect("pg url")
+                    .options([("search_path", schema.as_str())]);
+                let pool = sqlx::PgPool::connect_with(opts).await.expect("open pg");
+                sqlx::query(sql).execute(&pool).await.expect("exec sql");
+                pool.close().await;
+            }
+        }
+    }
+
     pub async fn cleanup(self) {
         self.store.close().await;
         if let Some(schema) = &self.schema {

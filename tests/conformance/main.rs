@@ -57,6 +57,18 @@ conformance!(
     s_t4_inline_continuation_carries_both_claims,
     s_b12_engine_data_compare_and_swap,
     jobs_park_resume_and_retries_keep_claims,
+    // Batches (S-B1 … S-B11)
+    s_b1_twenty_five_packets_in_chunks_of_ten,
+    s_b2_chunk_delivered_twice_makes_no_duplicates,
+    s_b3_first_chunk_enqueue_fails,
+    s_b4_later_chunk_enqueue_fails,
+    s_b5_missing_and_corrupt_packets_are_discarded,
+    s_b6_child_creation_fails_permanently,
+    s_b7_cancel_a_batch_with_unscheduled_items,
+    s_b8_aggregate_status,
+    s_b9_parent_finish_fails_then_completes_once,
+    s_b10_missing_fence_is_rearmed,
+    s_b11_recover_stuck_completes_a_stranded_parent,
     // Failure routes through the fault-injection store
     fault_bridge_fails_before_then_retry_finishes_once,
     fault_bridge_commits_but_ack_lost,

@@ -7,9 +7,14 @@
 //! cancellation the job's active claims are deleted so the items can be claimed again. The
 //! status write is a compare-and-swap on the status read, and the lifecycle event goes into the
 //! outbox in the same commit.
+//!
+//! A batch child also bumps its parent's counters in that commit (`children_terminal` and the
+//! group of its status) and, when that makes a fenced parent complete, enqueues the parent's
+//! finalize action there too, so the last child to finish always leaves the parent a wake-up.
 
 use super::claims::{decode_completion, settle};
-use super::{ts, PgStore};
+use super::{enqueue::enqueue_one, ts, PgStore};
+use crate::batch::finalize_action;
 use crate::claims::{
     CompletionConfig, CompletionContext, CompletionRegistry, CompletionTx, Identity,
 };
@@ -39,11 +44,12 @@ pub(super) async fn finish_job(
     }
     let op = "finish_job";
     let mut tx = store.begin(op).await?;
-    let row = sqlx::query("SELECT status, reason FROM dockhand_jobs WHERE id = $1 FOR UPDATE")
-        .bind(job_id)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(Error::db(op))?;
+    let row =
+        sqlx::query("SELECT status, reason, parent_id FROM dockhand_jobs WHERE id = $1 FOR UPDATE")
+            .bind(job_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
     let Some(row) = row else {
         tx.rollback().await.map_err(Error::db(op))?;
         return Err(Error::NotFound {
@@ -107,8 +113,80 @@ pub(super) async fn finish_job(
     .execute(&mut *tx)
     .await
     .map_err(Error::db("finish_job (event)"))?;
+    let parent: Option<i64> = row.try_get("parent_id").map_err(Error::db(op))?;
+    let finalize = match parent {
+        Some(parent) => count_child(&mut tx, store, parent, job_id, status, now).await?,
+        None => false,
+    };
     tx.commit().await.map_err(Error::db(op))?;
+    if finalize {
+        store.wake.notify();
+    }
     Ok(BridgeOutcome::Finished)
+}
+
+/// The parent counter a child's final status adds to.
+fn child_counter(status: JobStatus) -> Option<&'static str> {
+    match status {
+        JobStatus::Completed => Some("children_completed"),
+        JobStatus::Failed | JobStatus::Cancelled => Some("children_failed"),
+        JobStatus::Skipped | JobStatus::CompletedNoItems => Some("children_skipped"),
+        JobStatus::Pending | JobStatus::Processing | JobStatus::Waiting => None,
+    }
+}
+
+/// Counts the finished child `job_id` on its parent, on the bridge's transaction; enqueues the
+/// parent's finalize action when the parent is fenced, every child is now terminal and the
+/// parent is not final. Returns whether it enqueued.
+async fn count_child(
+    conn: &mut PgConnection,
+    store: &PgStore,
+    parent: i64,
+    job_id: i64,
+    status: JobStatus,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let op = "finish_job (parent counters)";
+    let counter = child_counter(status).ok_or_else(|| {
+        Error::invalid(
+            "job status",
+            format!("cannot count child {job_id} as {status}: not a final status"),
+        )
+    })?;
+    let row = sqlx::query(&format!(
+        "UPDATE dockhand_jobs
+         SET children_terminal = children_terminal + 1, {counter} = {counter} + 1
+         WHERE id = $1
+         RETURNING batch_state, children_terminal, children_total, status"
+    ))
+    .bind(parent)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    // The parent row is gone: nothing to count on, nothing to finalize.
+    let Some(row) = row else { return Ok(false) };
+    let state: Option<String> = row.try_get("batch_state").map_err(Error::db(op))?;
+    let terminal: i32 = row.try_get("children_terminal").map_err(Error::db(op))?;
+    let total: i32 = row.try_get("children_total").map_err(Error::db(op))?;
+    let parent_status: String = row.try_get("status").map_err(Error::db(op))?;
+    let parent_status = parent_status
+        .parse::<JobStatus>()
+        .map_err(|e| Error::Corrupt {
+            what: "job",
+            id: parent,
+            message: e.to_string(),
+        })?;
+    let due = state.as_deref() == Some("fenced") && terminal == total && !parent_status.is_final();
+    if due {
+        enqueue_one(
+            conn,
+            &finalize_action(parent, now),
+            now,
+            Some(&store.channel),
+        )
+        .await?;
+    }
+    Ok(due)
 }
 
 /// Completes every claim the job holds, on `conn`. The inner `Err` is a completion failure (the

@@ -4,8 +4,9 @@
 //! delegating to `enqueue`, `claim`, `finish`, `query`, `schedule` and `maintenance` (actions),
 //! `jobs` (jobs, engine data, the event outbox, packets), `bridge` (the terminal bridge's
 //! transaction), `claims` (item claims) and `ledger` (the tracked-items rows the shipped
-//! completion handler writes); `listen` (PostgreSQL only) owns the wake-up channel name and the
-//! LISTEN task.
+//! completion handler writes), `batch` (batch worklists, children, fence and abort) and
+//! `recovery` (job liveness and the invariant audit); `listen` (PostgreSQL only) owns the
+//! wake-up channel name and the LISTEN task.
 //!
 //! Concurrency comes from row locks instead of a single writer: claims and the reaper pick rows
 //! with `FOR UPDATE SKIP LOCKED`, unique enqueues rely on `ON CONFLICT … DO NOTHING` waiting for
@@ -14,6 +15,7 @@
 //! Enqueues of due actions send `pg_notify` on a per-schema channel in the same transaction, so
 //! runners in other processes wake as soon as the insert commits (see [`Store::listen`]).
 
+mod batch;
 mod bridge;
 mod claim;
 mod claims;
@@ -24,6 +26,7 @@ pub mod ledger;
 mod listen;
 mod maintenance;
 mod query;
+mod recovery;
 mod schedule;
 
 use super::{
@@ -31,6 +34,10 @@ use super::{
     QueueStats, ReapReport, Store, Wakeup,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
+use crate::batch::{
+    BatchAbort, BatchState, ChildOutcome, ChildSpec, FanOutOutcome, FenceOutcome, JobLiveness,
+    RowSettle, Violation, WorkItem, WorkRow,
+};
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
     ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,
@@ -477,6 +484,86 @@ impl Store for PgStore {
 
     async fn tracked_item(&self, namespace: &str, item_id: &str) -> Result<Option<TrackedItem>> {
         claims::tracked_item(self, namespace, item_id).await
+    }
+
+    async fn fan_out(
+        &self,
+        parent: i64,
+        items: &[WorkItem],
+        chunk_size: i32,
+        child_step: i32,
+        contract: &str,
+        now: DateTime<Utc>,
+    ) -> Result<FanOutOutcome> {
+        batch::fan_out(self, parent, items, chunk_size, child_step, contract, now).await
+    }
+
+    async fn schedule_chunk(
+        &self,
+        parent: i64,
+        offset: i64,
+        priority: i32,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        batch::schedule_chunk(self, parent, offset, priority, now).await
+    }
+
+    async fn lease_work(
+        &self,
+        parent: i64,
+        limit: i64,
+        owner: &str,
+        lease_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<WorkRow>> {
+        batch::lease_work(self, parent, limit, owner, lease_until, now).await
+    }
+
+    async fn create_child(&self, child: &ChildSpec, now: DateTime<Utc>) -> Result<ChildOutcome> {
+        batch::create_child(self, child, now).await
+    }
+
+    async fn settle_work(
+        &self,
+        parent: i64,
+        idx: i32,
+        settle: &RowSettle,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        batch::settle_work(self, parent, idx, settle, now).await
+    }
+
+    async fn fence_batch(&self, parent: i64, now: DateTime<Utc>) -> Result<FenceOutcome> {
+        batch::fence_batch(self, parent, now).await
+    }
+
+    async fn abort_batch(
+        &self,
+        parent: i64,
+        why: BatchAbort,
+        now: DateTime<Utc>,
+    ) -> Result<BatchState> {
+        batch::abort_batch(self, parent, why, now).await
+    }
+
+    async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {
+        batch::batch_state(self, parent).await
+    }
+
+    async fn cleanup_worklist(&self, parent: i64) -> Result<u64> {
+        batch::cleanup_worklist(self, parent).await
+    }
+
+    async fn job_liveness(
+        &self,
+        older_than: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<JobLiveness>> {
+        recovery::job_liveness(self, older_than, limit).await
+    }
+
+    async fn audit(&self, now: DateTime<Utc>, grace: chrono::Duration) -> Result<Vec<Violation>> {
+        recovery::audit(self, now, grace).await
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

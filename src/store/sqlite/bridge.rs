@@ -1,8 +1,11 @@
 //! SQLite: the terminal bridge's transaction (J4) — the one place a job gets its final status,
 //! together with completing (success) or deleting (failure) the item claims it owns and writing
-//! its lifecycle event, all in one `BEGIN IMMEDIATE` transaction.
+//! its lifecycle event, all in one `BEGIN IMMEDIATE` transaction. A batch child's transaction
+//! also bumps its parent's counters and, when that makes a fenced parent due, enqueues the
+//! parent's finalize action.
 
 use super::claims::{config_from, handler_failed, settle};
+use super::fence::child_finished;
 use super::jobs::{get_job, read_job};
 use super::{ms, SqliteStore};
 use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identity};
@@ -89,7 +92,14 @@ pub(super) async fn finish_job(
     .execute(&mut *tx)
     .await
     .map_err(Error::db("finish_job (event)"))?;
+    let finalize = match job.parent_id {
+        Some(parent) => child_finished(&mut tx, parent, status, now).await?,
+        None => false,
+    };
     tx.commit().await.map_err(Error::db("finish_job"))?;
+    if finalize {
+        store.wake.notify();
+    }
     Ok(BridgeOutcome::Finished)
 }
 

@@ -3,7 +3,9 @@
 //! Layout (the same in every backend): `mod.rs` opens the database and implements [`Store`] by
 //! delegating to `enqueue`, `claim`, `finish`, `query`, `schedule` and `maintenance` (actions),
 //! `jobs` (jobs, engine data, events, packets), `bridge` (the terminal bridge's transaction),
-//! `claims` (item claims) and `ledger` (the tracked-items handler's rows).
+//! `claims` (item claims), `ledger` (the tracked-items handler's rows), `batch` (fan-out, the
+//! worklist and child creation), `fence` (fence, aborts, batch state and the children's
+//! counters) and `recovery` (job liveness and the invariant audit).
 //!
 //! SQLite has one writer at a time. This store keeps a one-connection writer pool (writers queue
 //! fairly in the pool instead of spinning in SQLite's busy handler) and a reader pool; every
@@ -12,15 +14,24 @@
 //! busy timeout for other processes; the pragmas are read back and startup fails if they did not
 //! take. Times are stored as integer milliseconds since the epoch.
 
+mod batch;
+#[cfg(test)]
+mod batch_tests;
 mod bridge;
 mod claim;
 mod claims;
 mod enqueue;
+mod fence;
+#[cfg(test)]
+mod fence_tests;
 mod finish;
 mod jobs;
 pub mod ledger;
 mod maintenance;
 mod query;
+mod recovery;
+#[cfg(test)]
+mod recovery_tests;
 mod schedule;
 #[cfg(test)]
 mod tests;
@@ -30,6 +41,10 @@ use super::{
     QueueStats, ReapReport, Store, Wakeup,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
+use crate::batch::{
+    BatchAbort, BatchState, ChildOutcome, ChildSpec, FanOutOutcome, FenceOutcome, JobLiveness,
+    RowSettle, Violation, WorkItem, WorkRow,
+};
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
     ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,
@@ -441,6 +456,86 @@ impl Store for SqliteStore {
 
     async fn tracked_item(&self, namespace: &str, item_id: &str) -> Result<Option<TrackedItem>> {
         claims::tracked_item(self, namespace, item_id).await
+    }
+
+    async fn fan_out(
+        &self,
+        parent: i64,
+        items: &[WorkItem],
+        chunk_size: i32,
+        child_step: i32,
+        contract: &str,
+        now: DateTime<Utc>,
+    ) -> Result<FanOutOutcome> {
+        batch::fan_out(self, parent, items, chunk_size, child_step, contract, now).await
+    }
+
+    async fn schedule_chunk(
+        &self,
+        parent: i64,
+        offset: i64,
+        priority: i32,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        batch::schedule_chunk(self, parent, offset, priority, now).await
+    }
+
+    async fn lease_work(
+        &self,
+        parent: i64,
+        limit: i64,
+        owner: &str,
+        lease_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<WorkRow>> {
+        batch::lease_work(self, parent, limit, owner, lease_until, now).await
+    }
+
+    async fn create_child(&self, child: &ChildSpec, now: DateTime<Utc>) -> Result<ChildOutcome> {
+        batch::create_child(self, child, now).await
+    }
+
+    async fn settle_work(
+        &self,
+        parent: i64,
+        idx: i32,
+        settle: &RowSettle,
+        _now: DateTime<Utc>,
+    ) -> Result<()> {
+        batch::settle_work(self, parent, idx, settle).await
+    }
+
+    async fn fence_batch(&self, parent: i64, now: DateTime<Utc>) -> Result<FenceOutcome> {
+        fence::fence_batch(self, parent, now).await
+    }
+
+    async fn abort_batch(
+        &self,
+        parent: i64,
+        why: BatchAbort,
+        _now: DateTime<Utc>,
+    ) -> Result<BatchState> {
+        fence::abort_batch(self, parent, why).await
+    }
+
+    async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {
+        fence::batch_state(self, parent).await
+    }
+
+    async fn cleanup_worklist(&self, parent: i64) -> Result<u64> {
+        fence::cleanup_worklist(self, parent).await
+    }
+
+    async fn job_liveness(
+        &self,
+        older_than: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<JobLiveness>> {
+        recovery::job_liveness(self, older_than, limit).await
+    }
+
+    async fn audit(&self, now: DateTime<Utc>, grace: chrono::Duration) -> Result<Vec<Violation>> {
+        recovery::audit(self, now, grace).await
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

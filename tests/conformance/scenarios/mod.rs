@@ -1,5 +1,6 @@
 //! Scenario bodies, each an `async fn(TestDb)` run once per backend by `conformance!`.
 
+mod batches;
 mod claims;
 mod faults;
 mod jobs;
@@ -8,6 +9,7 @@ mod runner;
 mod schedules;
 mod store_api;
 
+pub use batches::*;
 pub use claims::*;
 pub use faults::*;
 pub use jobs::*;

@@ -1,0 +1,337 @@
+//! The batch engine (B1–B8): fan-out of a step's packets into a worklist, the chunk action that
+//! turns rows into child jobs, the finalize action that finishes the parent from its children's
+//! counters, cancellation, and the failure routes of B3–B5 and B7.
+//!
+//! Every "not yet" leaves a durable wake-up: an active child (its terminal transaction enqueues
+//! finalize once the parent is fenced and complete), a pending chunk or finalize action (a
+//! failed store call makes the action retry), or — after a crash between two store calls —
+//! `recover-stuck`, which re-arms the chunk action of any stranded parent.
+
+use super::{
+    BatchAbort, ChildOutcome, ChildSpec, FanOutOutcome, FenceOutcome, RowSettle, WorkItem,
+    DEFAULT_CHUNK_SIZE, MAX_CHILD_ATTEMPTS,
+};
+use crate::claims::hex;
+use crate::error::{Error, Result};
+use crate::handler::{ActionContext, HandlerError, HandlerResult};
+use crate::jobs::engine::Engine;
+use crate::jobs::packets;
+use crate::jobs::pipeline::{Packet, Pipeline};
+use crate::jobs::Job;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+
+/// How long a chunk holds the rows it is turning into children.
+const ROW_LEASE: chrono::Duration = chrono::Duration::minutes(5);
+
+fn arg(ctx: &ActionContext, name: &str) -> std::result::Result<i64, HandlerError> {
+    ctx.args.get(name).and_then(|v| v.as_i64()).ok_or_else(|| {
+        HandlerError::fatal(format!(
+            "action {}: `{name}` missing from args {}",
+            ctx.action_id, ctx.args
+        ))
+    })
+}
+
+fn retry(e: Error) -> HandlerError {
+    HandlerError::retry(e)
+}
+
+impl Engine {
+    /// B1: writes the worklist for `packets_out` and schedules the first chunk. An exact retry
+    /// adopts the existing worklist; a different one is refused and leaves it intact.
+    pub(crate) async fn fan_out(
+        &self,
+        job: &Job,
+        step: i32,
+        packets_out: &[Packet],
+        pipeline: &Pipeline,
+    ) -> HandlerResult {
+        let now = self.clock.now();
+        let encoded = packets_out
+            .iter()
+            .map(|p| packets::encode(&p.data))
+            .collect::<Result<Vec<_>>>()
+            .map_err(HandlerError::fatal)?;
+        self.store.put_packets(&encoded, now).await.map_err(retry)?;
+        // The sidecar is captured from the packets before they are content-addressed (C7).
+        let items: Vec<WorkItem> = encoded
+            .iter()
+            .zip(packets_out)
+            .map(|(e, p)| WorkItem {
+                payload_ref: e.reference.clone(),
+                sidecar: p.descriptors.clone(),
+            })
+            .collect();
+        let chunk_size = pipeline.chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE).max(1);
+        let mut h = Sha256::new();
+        h.update(format!("{}:{}:{chunk_size}", job.id, step + 1));
+        for item in &items {
+            h.update(item.payload_ref.as_bytes());
+            for d in &item.sidecar {
+                h.update(d.token.as_bytes());
+            }
+        }
+        let contract = hex(&h.finalize());
+        match self
+            .store
+            .fan_out(job.id, &items, chunk_size, step + 1, &contract, now)
+            .await
+            .map_err(retry)?
+        {
+            FanOutOutcome::Created | FanOutOutcome::Adopted => {}
+            FanOutOutcome::Rejected { existing } => {
+                return Err(HandlerError::fatal(format!(
+                "job {}: a batch with another contract ({existing}) exists; the original is kept",
+                job.id
+            )))
+            }
+        }
+        if let Err(e) = self
+            .store
+            .schedule_chunk(job.id, 0, pipeline.priority, now)
+            .await
+        {
+            tracing::warn!(job_id = job.id, error = %e, "first chunk could not be scheduled");
+            self.batch_schedule_failed(job.id).await.map_err(retry)?;
+        }
+        Ok(())
+    }
+
+    /// B3: stop scheduling, discard unscheduled rows (their claims released), and finish the
+    /// parent `failed / batch_schedule_failed` now if no child is active (else the last child's
+    /// terminal transaction enqueues finalize, which decides it).
+    pub(crate) async fn batch_schedule_failed(&self, parent: i64) -> Result<()> {
+        let st = self
+            .store
+            .abort_batch(parent, BatchAbort::ScheduleFailed, self.clock.now())
+            .await?;
+        self.finalize_if_due(parent, &st).await
+    }
+
+    async fn finalize_if_due(&self, parent: i64, st: &super::BatchState) -> Result<()> {
+        if let Some((status, why)) = st.decision() {
+            self.bridge(parent, status, why).await?;
+            if let Err(e) = self.store.cleanup_worklist(parent).await {
+                tracing::warn!(parent, error = %e, "worklist cleanup deferred");
+            }
+        }
+        Ok(())
+    }
+
+    /// B2: the `dockhand.batch.chunk {parent, offset}` action.
+    pub(crate) async fn run_chunk(self: Arc<Self>, ctx: ActionContext) -> HandlerResult {
+        let parent = arg(&ctx, "parent")?;
+        let offset = arg(&ctx, "offset")?;
+        let Some(job) = self.store.get_job(parent).await.map_err(retry)? else {
+            return Err(HandlerError::fatal(format!(
+                "batch parent {parent} does not exist"
+            )));
+        };
+        if job.status.is_final() {
+            let _ = self.store.cleanup_worklist(parent).await;
+            return Ok(());
+        }
+        let Some(st) = self.store.batch_state(parent).await.map_err(retry)? else {
+            return Err(HandlerError::fatal(format!(
+                "job {parent} is not a batch parent"
+            )));
+        };
+        let Some(pipeline) = self.pipelines.pipelines.get(&job.pipeline).cloned() else {
+            return Err(HandlerError::fatal(format!(
+                "unknown pipeline `{}`",
+                job.pipeline
+            )));
+        };
+        let now = self.clock.now();
+        let owner = format!("chunk:{}:{}", ctx.action_id, ctx.token);
+        if st.outcome.is_some() {
+            // Aborted (schedule failure or cancel): nothing more to schedule. Rows still leased
+            // by a chunk whose worker died are discarded (claims released) once their lease
+            // expires, so the parent can finish.
+            let orphans = self
+                .store
+                .lease_work(
+                    parent,
+                    i64::from(st.chunk_size),
+                    &owner,
+                    now + ROW_LEASE,
+                    now,
+                )
+                .await
+                .map_err(retry)?;
+            for row in orphans {
+                let discard = RowSettle::Discard {
+                    reason: "batch stopped while the row was in flight".into(),
+                };
+                self.store
+                    .settle_work(parent, row.idx, &discard, now)
+                    .await
+                    .map_err(retry)?;
+            }
+            let st = self
+                .store
+                .batch_state(parent)
+                .await
+                .map_err(retry)?
+                .unwrap_or(st);
+            return self.finalize_if_due(parent, &st).await.map_err(retry);
+        }
+        let rows = self
+            .store
+            .lease_work(
+                parent,
+                i64::from(st.chunk_size),
+                &owner,
+                now + ROW_LEASE,
+                now,
+            )
+            .await
+            .map_err(retry)?;
+        for row in rows {
+            let settle = match (&row.sidecar_error, packets::parse_ref(&row.payload_ref)) {
+                (Some(e), _) => Some(RowSettle::Discard {
+                    reason: format!("corrupt sidecar: {e}"),
+                }),
+                (None, Err(e)) => Some(RowSettle::Discard {
+                    reason: format!("hydration failed: {e}"),
+                }),
+                (None, Ok(hash)) => {
+                    let body = self.store.packet_body(hash).await.map_err(retry)?;
+                    match packets::verify(&row.payload_ref, body) {
+                        Err(e) => Some(RowSettle::Discard {
+                            reason: format!("hydration failed: {e}"),
+                        }),
+                        Ok(_) => {
+                            let spec = ChildSpec {
+                                parent_id: parent,
+                                idx: row.idx,
+                                pipeline: job.pipeline.clone(),
+                                step_index: st.child_step,
+                                input_refs: vec![row.payload_ref.clone()],
+                                claim_tokens: row.sidecar.iter().map(|d| d.token.clone()).collect(),
+                                step: pipeline.step_action(),
+                            };
+                            match self.store.create_child(&spec, self.clock.now()).await {
+                                Ok(ChildOutcome::Created(_) | ChildOutcome::Adopted(_)) => None,
+                                Err(e) => Some(RowSettle::Retry {
+                                    error: e.to_string(),
+                                    max_attempts: MAX_CHILD_ATTEMPTS,
+                                }),
+                            }
+                        }
+                    }
+                }
+            };
+            if let Some(settle) = settle {
+                tracing::warn!(
+                    parent,
+                    idx = row.idx,
+                    ?settle,
+                    "worklist row not turned into a child"
+                );
+                self.store
+                    .settle_work(parent, row.idx, &settle, self.clock.now())
+                    .await
+                    .map_err(retry)?;
+            }
+        }
+        self.after_chunk(parent, offset, st.chunk_size, pipeline.priority)
+            .await
+    }
+
+    /// Schedules the next chunk, or sets the fence when nothing is outstanding.
+    async fn after_chunk(
+        &self,
+        parent: i64,
+        offset: i64,
+        chunk: i32,
+        priority: i32,
+    ) -> HandlerResult {
+        let st = self
+            .store
+            .batch_state(parent)
+            .await
+            .map_err(retry)?
+            .ok_or_else(|| HandlerError::fatal(format!("job {parent} is not a batch parent")))?;
+        let next = offset + i64::from(chunk);
+        if st.ready > 0 {
+            if let Err(e) = self
+                .store
+                .schedule_chunk(parent, next, priority, self.clock.now())
+                .await
+            {
+                tracing::warn!(parent, offset = next, error = %e, "next chunk could not be scheduled");
+                self.batch_schedule_failed(parent).await.map_err(retry)?;
+            }
+            return Ok(());
+        }
+        if st.leased > 0 {
+            // Another delivery of a chunk holds rows; it settles them and fences.
+            return Ok(());
+        }
+        match self
+            .store
+            .fence_batch(parent, self.clock.now())
+            .await
+            .map_err(retry)?
+        {
+            FenceOutcome::Fenced { .. } => Ok(()),
+            FenceOutcome::Outstanding { .. } => self
+                .store
+                .schedule_chunk(parent, next, priority, self.clock.now())
+                .await
+                .map_err(retry),
+        }
+    }
+
+    /// B6, B7: the `dockhand.batch.finalize {parent}` action. Decides from the database; when
+    /// not due, leaves a wake-up (re-arms the chunk action if the fence is missing).
+    pub(crate) async fn run_finalize(self: Arc<Self>, ctx: ActionContext) -> HandlerResult {
+        let parent = arg(&ctx, "parent")?;
+        let Some(job) = self.store.get_job(parent).await.map_err(retry)? else {
+            return Ok(());
+        };
+        if job.status.is_final() {
+            let _ = self.store.cleanup_worklist(parent).await;
+            return Ok(());
+        }
+        let Some(st) = self.store.batch_state(parent).await.map_err(retry)? else {
+            return Err(HandlerError::fatal(format!(
+                "job {parent} is not a batch parent"
+            )));
+        };
+        if st.decision().is_some() {
+            return self.finalize_if_due(parent, &st).await.map_err(retry);
+        }
+        if !st.fenced {
+            let priority = self
+                .pipelines
+                .pipelines
+                .get(&job.pipeline)
+                .map_or(crate::action::DEFAULT_PRIORITY, |p| p.priority);
+            self.store
+                .schedule_chunk(parent, st.items_total, priority, self.clock.now())
+                .await
+                .map_err(retry)?;
+        }
+        Ok(())
+    }
+
+    /// B5: cancel a batch parent: unscheduled rows discarded (claims released), in-flight rows
+    /// settled by their chunk, the parent finished `cancelled` once no child is active.
+    /// Returns whether the parent is final now.
+    pub(crate) async fn cancel_batch(&self, parent: i64) -> Result<bool> {
+        let st = self
+            .store
+            .abort_batch(parent, BatchAbort::Cancel, self.clock.now())
+            .await?;
+        self.finalize_if_due(parent, &st).await?;
+        Ok(st.decision().is_some())
+    }
+
+    /// Whether a job is a live batch parent (cancel goes through `cancel_batch`).
+    pub(crate) async fn is_batch_parent(&self, job: &Job) -> Result<bool> {
+        Ok(!job.status.is_final() && self.store.batch_state(job.id).await?.is_some())
+    }
+}

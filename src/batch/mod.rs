@@ -1,0 +1,292 @@
+//! Batches (B1–B8): a parent job whose step emitted many packets turns them into child jobs
+//! chunk by chunk, from a durable worklist, and finishes from its children's counters.
+//!
+//! The three named actions that drive a batch, each safe to deliver twice:
+//! - `dockhand.batch.chunk {parent, offset}` — chunk scheduling (unique per parent and offset),
+//!   also the finalize retry / re-arm;
+//! - the child's `dockhand.job.step` — child fan-out (unique per child and step);
+//! - `dockhand.batch.finalize {parent}` — enqueued in the transaction of the child that makes the
+//!   parent due, or by the chunk that sets the fence when every child is already terminal.
+//!
+//! This module holds the shared types; the engine logic is in `engine`.
+
+pub mod engine;
+pub mod recovery;
+
+use crate::action::PreparedAction;
+use crate::claims::Descriptor;
+use crate::jobs::StepAction;
+use crate::state::JobStatus;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// The hook of the chunk-scheduling action.
+pub const CHUNK_HOOK: &str = "dockhand.batch.chunk";
+/// The hook of the finalize action.
+pub const FINALIZE_HOOK: &str = "dockhand.batch.finalize";
+/// Default number of worklist rows turned into children per chunk action.
+pub const DEFAULT_CHUNK_SIZE: i32 = 100;
+/// How many times creating one child may fail before its row is discarded (B4).
+pub const MAX_CHILD_ATTEMPTS: i32 = 3;
+
+/// Reason codes of batch parents.
+pub mod reason {
+    /// Scheduling a chunk failed; unscheduled items were discarded.
+    pub const BATCH_SCHEDULE_FAILED: &str = "batch_schedule_failed";
+    /// Every child failed.
+    pub const ALL_CHILDREN_FAILED: &str = "all_children_failed";
+}
+
+/// The chunk action for `parent` at `offset`: unique per (parent, offset).
+pub fn chunk_action(parent: i64, offset: i64, priority: i32, now: DateTime<Utc>) -> PreparedAction {
+    PreparedAction {
+        hook: CHUNK_HOOK.to_string(),
+        args_json: format!(r#"{{"offset":{offset},"parent":{parent}}}"#),
+        group: Some("dockhand.batch".into()),
+        priority,
+        scheduled_at: crate::clock::to_millis(now),
+        max_attempts: 25,
+        timeout_ms: None,
+        unique_key: Some(format!("b:{parent}:{offset}")),
+        schedule_id: None,
+    }
+}
+
+/// The finalize action for `parent`: unique per parent among active actions.
+pub fn finalize_action(parent: i64, now: DateTime<Utc>) -> PreparedAction {
+    PreparedAction {
+        hook: FINALIZE_HOOK.to_string(),
+        args_json: format!(r#"{{"parent":{parent}}}"#),
+        group: Some("dockhand.batch".into()),
+        priority: 0,
+        scheduled_at: crate::clock::to_millis(now),
+        max_attempts: 25,
+        timeout_ms: None,
+        unique_key: Some(format!("f:{parent}")),
+        schedule_id: None,
+    }
+}
+
+/// One item to fan out: its packet ref and the claims that travel with it (the cleanup
+/// sidecar, captured before the packet was content-addressed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkItem {
+    /// `v1:<hash>` of the item's packet.
+    pub payload_ref: String,
+    /// Claims to hand to the child (or release if the item is discarded).
+    pub sidecar: Vec<Descriptor>,
+}
+
+/// What `fan_out` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FanOutOutcome {
+    /// Worklist and batch fields written.
+    Created,
+    /// An exact retry: the existing worklist was adopted, nothing written.
+    Adopted,
+    /// A retry with a different contract: refused, the original left intact.
+    Rejected {
+        /// The contract already stored.
+        existing: String,
+    },
+}
+
+/// A leased worklist row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkRow {
+    /// The parent.
+    pub parent_id: i64,
+    /// Position in the worklist (the child's index).
+    pub idx: i32,
+    /// The packet ref.
+    pub payload_ref: String,
+    /// The cleanup sidecar (undecodable sidecars come back empty with `sidecar_error` set).
+    pub sidecar: Vec<Descriptor>,
+    /// Why the sidecar could not be decoded, if it could not.
+    pub sidecar_error: Option<String>,
+    /// Failed child-creation attempts so far.
+    pub attempts: i32,
+}
+
+/// The child job to create for one worklist row.
+#[derive(Debug, Clone)]
+pub struct ChildSpec {
+    /// The parent.
+    pub parent_id: i64,
+    /// The row (and child) index.
+    pub idx: i32,
+    /// The pipeline (the parent's).
+    pub pipeline: String,
+    /// The step the child starts at.
+    pub step_index: i32,
+    /// The child's input refs.
+    pub input_refs: Vec<String>,
+    /// Tokens of the claims the child takes over from the parent.
+    pub claim_tokens: Vec<String>,
+    /// The child's step-action template.
+    pub step: StepAction,
+}
+
+/// What `create_child` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildOutcome {
+    /// A new child.
+    Created(i64),
+    /// The child existed already (a duplicate delivery); adopted.
+    Adopted(i64),
+}
+
+/// How a leased row that did not become a child is settled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RowSettle {
+    /// Back to ready (attempts + 1), or discarded with its claims released once
+    /// `attempts + 1 >= max_attempts` (B4).
+    Retry {
+        /// What failed.
+        error: String,
+        /// The bound.
+        max_attempts: i32,
+    },
+    /// Discarded now, its sidecar claims released (B4 hydration failures).
+    Discard {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What `fence_batch` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceOutcome {
+    /// Rows are still ready or leased: no fence.
+    Outstanding {
+        /// Ready rows.
+        ready: i64,
+        /// Leased rows.
+        leased: i64,
+    },
+    /// The fence is set (now or before).
+    Fenced {
+        /// Every child is terminal and the finalize action was enqueued in the same transaction.
+        finalize_enqueued: bool,
+    },
+}
+
+/// Why a batch stops scheduling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchAbort {
+    /// A chunk could not be enqueued (B3).
+    ScheduleFailed,
+    /// The parent was cancelled (B5).
+    Cancel,
+}
+
+/// A batch parent's fields and worklist counts, read from the database.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct BatchState {
+    /// The parent's status.
+    pub status: Option<JobStatus>,
+    /// Every worklist item became a child or was discarded.
+    pub fenced: bool,
+    /// `batch_schedule_failed` or `cancel_requested`.
+    pub outcome: Option<String>,
+    /// Rows per chunk.
+    pub chunk_size: i32,
+    /// The step children start at.
+    pub child_step: i32,
+    /// Worklist size.
+    pub items_total: i64,
+    /// Children created.
+    pub children_total: i64,
+    /// Children final.
+    pub children_terminal: i64,
+    /// Children `completed`.
+    pub children_completed: i64,
+    /// Children `failed` or `cancelled`.
+    pub children_failed: i64,
+    /// Children `skipped` or `completed_no_items`.
+    pub children_skipped: i64,
+    /// Rows ready.
+    pub ready: i64,
+    /// Rows leased.
+    pub leased: i64,
+    /// Rows that became children.
+    pub completed_rows: i64,
+    /// Rows discarded.
+    pub discarded_rows: i64,
+}
+
+impl BatchState {
+    /// Children not yet final.
+    pub fn active_children(&self) -> i64 {
+        self.children_total - self.children_terminal
+    }
+
+    /// The parent's final status once fenced, with every child terminal and no row still
+    /// leased by an in-flight chunk (B6):
+    /// `batch_schedule_failed` wins; a cancel request gives `cancelled`; any completed child →
+    /// completed; every child failed → failed (`all_children_failed`); otherwise
+    /// completed_no_items. `None` while not due.
+    pub fn decision(&self) -> Option<(JobStatus, Option<&'static str>)> {
+        if !self.fenced || self.active_children() > 0 || self.leased > 0 {
+            // Leased rows belong to an in-flight chunk, which settles them and then fences.
+            return None;
+        }
+        Some(match self.outcome.as_deref() {
+            Some(reason::BATCH_SCHEDULE_FAILED) => {
+                (JobStatus::Failed, Some(reason::BATCH_SCHEDULE_FAILED))
+            }
+            Some(_) => (
+                JobStatus::Cancelled,
+                Some(crate::jobs::bridge::reason::MANUAL),
+            ),
+            None if self.children_completed > 0 => (JobStatus::Completed, None),
+            None if self.children_total > 0 && self.children_failed == self.children_total => {
+                (JobStatus::Failed, Some(reason::ALL_CHILDREN_FAILED))
+            }
+            None => (JobStatus::CompletedNoItems, None),
+        })
+    }
+}
+
+/// Where a processing job stands (R2, R3).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobLiveness {
+    /// The job.
+    pub job_id: i64,
+    /// Its pipeline.
+    pub pipeline: String,
+    /// Its status.
+    pub status: JobStatus,
+    /// Its step.
+    pub step_index: i32,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+    /// A pending or running action drives it (step, chunk or finalize).
+    pub has_action: bool,
+    /// It is a batch parent.
+    pub is_batch_parent: bool,
+    /// Batch fence set.
+    pub fenced: bool,
+    /// Children not yet final.
+    pub active_children: i64,
+    /// A step action of its current step ended `failed`.
+    pub step_failed: bool,
+}
+
+impl JobLiveness {
+    /// No pending/running action and no active child: nothing will move it.
+    pub fn stranded(&self) -> bool {
+        !self.has_action && self.active_children == 0
+    }
+}
+
+/// One broken invariant found by `dockhand check` (DESIGN §11).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// Which invariant.
+    pub invariant: &'static str,
+    /// What it is about (`job 5`, `action 9`, `claim shared:feed/rss/x`).
+    pub subject: String,
+    /// What is wrong.
+    pub detail: String,
+}

@@ -1,0 +1,395 @@
+//! SQLite: batches (B1, B2, B4) — the worklist written by fan-out, the chunk action, rows
+//! leased chunk by chunk and turned into child jobs (their sidecar claims handed over), and
+//! rows that did not become children settled. The fence, aborts and counters are in `fence`.
+//!
+//! Every write is one `BEGIN IMMEDIATE` transaction (the single writer is the parent's lock);
+//! actions are enqueued with [`enqueue_one`] inside it and runners are woken after the commit.
+//! Sidecar claims are released by token, read from the rows' sidecar JSON in SQL: a sidecar
+//! that is not valid JSON names no token, so its claims stay with the parent until the
+//! parent's terminal bridge settles them.
+
+use super::fence::{job_status, release_sql};
+use super::{enqueue::enqueue_one, ms, SqliteStore};
+use crate::action::PreparedAction;
+use crate::batch::{
+    chunk_action, ChildOutcome, ChildSpec, FanOutOutcome, RowSettle, WorkItem, WorkRow,
+};
+use crate::claims::Descriptor;
+use crate::error::{Error, Result};
+use chrono::{DateTime, Utc};
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
+
+/// Bound parameters per worklist row; chunks stay under SQLite's 32,766-parameter limit.
+const PARAMS_PER_ROW: usize = 4;
+const MAX_PARAMS: usize = 32_000;
+
+const LEASE: &str = "UPDATE dockhand_worklist
+ SET state = 'leased', lease_owner = ?2, lease_until = ?3
+ WHERE parent_id = ?1 AND idx IN (
+     SELECT idx FROM dockhand_worklist
+     WHERE parent_id = ?1
+       AND (state = 'ready'
+            OR (state = 'leased' AND (lease_until IS NULL OR lease_until <= ?4)))
+     ORDER BY idx
+     LIMIT ?5)
+ RETURNING parent_id, idx, payload_ref, sidecar, attempts";
+
+fn no_row(parent: i64, idx: i32) -> Error {
+    Error::invalid("idx", format!("job {parent} has no worklist row {idx}"))
+}
+
+/// Why no child may be created for row `idx`: the parent is missing or final, or the row is
+/// missing or no longer `ready`/`leased`.
+fn refusal(parent: i64, idx: i32, status: Option<&str>, row: Option<&str>) -> Option<Error> {
+    let Some(status) = status else {
+        return Some(Error::NotFound {
+            what: "job",
+            id: parent,
+        });
+    };
+    match (job_status(parent, status), row) {
+        (Err(e), _) => Some(e),
+        (Ok(s), _) if s.is_final() => Some(Error::invalid(
+            "job",
+            format!("batch parent {parent} is {s}: no new children"),
+        )),
+        (_, None) => Some(no_row(parent, idx)),
+        (_, Some("ready" | "leased")) => None,
+        (_, Some(state)) => Some(Error::invalid(
+            "idx",
+            format!("worklist row {idx} of job {parent} is {state}"),
+        )),
+    }
+}
+
+/// Enqueues `action` on the open transaction; true when it is due now.
+pub(super) async fn enqueue_due(
+    conn: &mut SqliteConnection,
+    action: &PreparedAction,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    enqueue_one(conn, action, now).await?;
+    Ok(action.scheduled_at <= now)
+}
+
+pub(super) async fn fan_out(
+    store: &SqliteStore,
+    parent: i64,
+    items: &[WorkItem],
+    chunk_size: i32,
+    child_step: i32,
+    contract: &str,
+    now: DateTime<Utc>,
+) -> Result<FanOutOutcome> {
+    if items.is_empty() {
+        return Err(Error::invalid(
+            "packets",
+            format!("job {parent}: a fan-out needs at least one item"),
+        ));
+    }
+    if chunk_size < 1 {
+        return Err(Error::invalid(
+            "chunk_size",
+            format!("{chunk_size}: must be at least 1"),
+        ));
+    }
+    let total = i32::try_from(items.len())
+        .map_err(|_| Error::invalid("packets", format!("{} items is too many", items.len())))?;
+    let sidecars = items
+        .iter()
+        .map(|i| serde_json::to_string(&i.sidecar))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::invalid("sidecar", e.to_string()))?;
+    let mut tx = store.begin_write("fan_out").await?;
+    let existing: Option<Option<String>> =
+        sqlx::query_scalar("SELECT batch_contract FROM dockhand_jobs WHERE id = ?")
+            .bind(parent)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(Error::db("fan_out"))?;
+    match existing {
+        None => {
+            tx.rollback().await.map_err(Error::db("fan_out"))?;
+            return Err(Error::NotFound {
+                what: "job",
+                id: parent,
+            });
+        }
+        Some(Some(existing)) => {
+            tx.rollback().await.map_err(Error::db("fan_out"))?;
+            return Ok(if existing == contract {
+                FanOutOutcome::Adopted
+            } else {
+                FanOutOutcome::Rejected { existing }
+            });
+        }
+        Some(None) => {}
+    }
+    let idx: Vec<i32> = (0..total).collect();
+    for chunk in idx.chunks(MAX_PARAMS / PARAMS_PER_ROW) {
+        let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO dockhand_worklist (parent_id, idx, payload_ref, sidecar) ",
+        );
+        qb.push_values(chunk, |mut b, &i| {
+            let at = i as usize;
+            b.push_bind(parent)
+                .push_bind(i)
+                .push_bind(&items[at].payload_ref)
+                .push_bind(&sidecars[at]);
+        });
+        qb.build()
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db("fan_out (worklist)"))?;
+    }
+    sqlx::query(
+        "UPDATE dockhand_jobs SET batch_state = 'scheduling', batch_contract = ?,
+            chunk_size = ?, child_step = ?, items_total = ?, updated_at = ?
+         WHERE id = ?",
+    )
+    .bind(contract)
+    .bind(chunk_size)
+    .bind(child_step)
+    .bind(i64::from(total))
+    .bind(ms(now))
+    .bind(parent)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("fan_out"))?;
+    tx.commit().await.map_err(Error::db("fan_out"))?;
+    Ok(FanOutOutcome::Created)
+}
+
+pub(super) async fn schedule_chunk(
+    store: &SqliteStore,
+    parent: i64,
+    offset: i64,
+    priority: i32,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let mut tx = store.begin_write("schedule_chunk").await?;
+    let due = enqueue_due(&mut tx, &chunk_action(parent, offset, priority, now), now).await?;
+    tx.commit().await.map_err(Error::db("schedule_chunk"))?;
+    if due {
+        store.wake.notify();
+    }
+    Ok(())
+}
+
+pub(super) async fn lease_work(
+    store: &SqliteStore,
+    parent: i64,
+    limit: i64,
+    owner: &str,
+    lease_until: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<Vec<WorkRow>> {
+    if limit <= 0 {
+        return Ok(Vec::new());
+    }
+    let mut tx = store.begin_write("lease_work").await?;
+    let rows = sqlx::query(LEASE)
+        .bind(parent)
+        .bind(owner)
+        .bind(ms(lease_until))
+        .bind(ms(now))
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(Error::db("lease_work"))?;
+    tx.commit().await.map_err(Error::db("lease_work"))?;
+    let d = || Error::db("decode worklist row");
+    let mut leased = Vec::with_capacity(rows.len());
+    for row in rows {
+        let text: String = row.try_get("sidecar").map_err(d())?;
+        let (sidecar, sidecar_error) = match serde_json::from_str::<Vec<Descriptor>>(&text) {
+            Ok(s) => (s, None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        };
+        leased.push(WorkRow {
+            parent_id: row.try_get("parent_id").map_err(d())?,
+            idx: row.try_get("idx").map_err(d())?,
+            payload_ref: row.try_get("payload_ref").map_err(d())?,
+            sidecar,
+            sidecar_error,
+            attempts: row.try_get("attempts").map_err(d())?,
+        });
+    }
+    leased.sort_by_key(|r| r.idx);
+    Ok(leased)
+}
+
+pub(super) async fn create_child(
+    store: &SqliteStore,
+    c: &ChildSpec,
+    now: DateTime<Utc>,
+) -> Result<ChildOutcome> {
+    let refs = serde_json::to_string(&c.input_refs)
+        .map_err(|e| Error::invalid("input_refs", e.to_string()))?;
+    let tokens = serde_json::to_string(&c.claim_tokens)
+        .map_err(|e| Error::invalid("claim_tokens", e.to_string()))?;
+    let (parent, idx) = (c.parent_id, c.idx);
+    let op = "create_child";
+    let mut tx = store.begin_write(op).await?;
+    let existing: Option<i64> =
+        sqlx::query_scalar("SELECT id FROM dockhand_jobs WHERE parent_id = ? AND child_index = ?")
+            .bind(parent)
+            .bind(idx)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
+    if let Some(child) = existing {
+        sqlx::query(
+            "UPDATE dockhand_worklist
+             SET state = 'completed', child_id = ?1, lease_owner = NULL, lease_until = NULL
+             WHERE parent_id = ?2 AND idx = ?3
+               AND (state <> 'completed' OR child_id IS NOT ?1)",
+        )
+        .bind(child)
+        .bind(parent)
+        .bind(idx)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+        tx.commit().await.map_err(Error::db(op))?;
+        return Ok(ChildOutcome::Adopted(child));
+    }
+    // A new child needs a live parent and a row that has not been discarded.
+    let status: Option<String> =
+        sqlx::query_scalar("SELECT status FROM dockhand_jobs WHERE id = ?")
+            .bind(parent)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
+    let state: Option<String> =
+        sqlx::query_scalar("SELECT state FROM dockhand_worklist WHERE parent_id = ? AND idx = ?")
+            .bind(parent)
+            .bind(idx)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
+    if let Some(e) = refusal(parent, idx, status.as_deref(), state.as_deref()) {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Err(e);
+    }
+    let child: i64 = sqlx::query_scalar(
+        "INSERT INTO dockhand_jobs
+            (pipeline, status, step_index, input_refs, engine_data, engine_version, parent_id,
+             child_index, created_at, updated_at)
+         VALUES (?, 'pending', ?, ?, '{}', 0, ?, ?, ?, ?)
+         RETURNING id",
+    )
+    .bind(&c.pipeline)
+    .bind(c.step_index)
+    .bind(refs)
+    .bind(parent)
+    .bind(idx)
+    .bind(ms(now))
+    .bind(ms(now))
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    sqlx::query(
+        "UPDATE dockhand_item_claims SET job_id = ?1
+         WHERE job_id = ?2 AND status = 'claimed' AND token IN (SELECT value FROM json_each(?3))",
+    )
+    .bind(child)
+    .bind(parent)
+    .bind(tokens)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("create_child (claims)"))?;
+    sqlx::query(
+        "UPDATE dockhand_worklist
+         SET state = 'completed', child_id = ?, lease_owner = NULL, lease_until = NULL
+         WHERE parent_id = ? AND idx = ?",
+    )
+    .bind(child)
+    .bind(parent)
+    .bind(idx)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    sqlx::query("UPDATE dockhand_jobs SET children_total = children_total + 1 WHERE id = ?")
+        .bind(parent)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+    let due = enqueue_due(&mut tx, &c.step.action(child, c.step_index, now), now).await?;
+    tx.commit().await.map_err(Error::db(op))?;
+    if due {
+        store.wake.notify();
+    }
+    Ok(ChildOutcome::Created(child))
+}
+
+pub(super) async fn settle_work(
+    store: &SqliteStore,
+    parent: i64,
+    idx: i32,
+    settle: &RowSettle,
+) -> Result<()> {
+    let op = "settle_work";
+    let mut tx = store.begin_write(op).await?;
+    let row: Option<(String, i32)> = sqlx::query_as(
+        "SELECT state, attempts FROM dockhand_worklist WHERE parent_id = ? AND idx = ?",
+    )
+    .bind(parent)
+    .bind(idx)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    let Some((state, attempts)) = row else {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Err(no_row(parent, idx));
+    };
+    if state != "ready" && state != "leased" {
+        // Already a child or discarded (another delivery settled it): nothing to do.
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Ok(());
+    }
+    let (error, bump) = match settle {
+        RowSettle::Retry {
+            error,
+            max_attempts,
+        } if attempts.saturating_add(1) < *max_attempts => {
+            sqlx::query(
+                "UPDATE dockhand_worklist
+                 SET state = 'ready', attempts = attempts + 1, error = ?, lease_owner = NULL,
+                     lease_until = NULL
+                 WHERE parent_id = ? AND idx = ?",
+            )
+            .bind(error)
+            .bind(parent)
+            .bind(idx)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
+            tx.commit().await.map_err(Error::db(op))?;
+            return Ok(());
+        }
+        RowSettle::Retry { error, .. } => (error, 1),
+        RowSettle::Discard { reason } => (reason, 0),
+    };
+    sqlx::query(&release_sql("w.idx = ?2"))
+        .bind(parent)
+        .bind(idx)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db("settle_work (release claims)"))?;
+    sqlx::query(
+        "UPDATE dockhand_worklist
+         SET state = 'discarded', attempts = attempts + ?, error = ?, lease_owner = NULL,
+             lease_until = NULL
+         WHERE parent_id = ? AND idx = ?",
+    )
+    .bind(bump)
+    .bind(error)
+    .bind(parent)
+    .bind(idx)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok(())
+}

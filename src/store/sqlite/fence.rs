@@ -1,0 +1,291 @@
+//! SQLite: the end of a batch (B2, B3, B5, B6, B8) — the fence, aborts, the batch state read,
+//! worklist cleanup, and the parent counters each child's terminal transaction bumps
+//! ([`child_finished`], called by the bridge in its transaction). Also the helpers `batch`
+//! shares: releasing sidecar claims by token ([`release_sql`]) and decoding a job status.
+
+use super::batch::enqueue_due;
+use super::SqliteStore;
+use crate::batch::{finalize_action, BatchAbort, BatchState, FenceOutcome};
+use crate::error::{Error, Result};
+use crate::state::JobStatus;
+use chrono::{DateTime, Utc};
+use sqlx::{Row, SqliteConnection};
+
+/// Deletes the claims parent `?1` still holds whose tokens are in the sidecars of its worklist
+/// rows matching `rows` (a condition on `w`).
+pub(super) fn release_sql(rows: &str) -> String {
+    format!(
+        "DELETE FROM dockhand_item_claims
+         WHERE job_id = ?1 AND status = 'claimed' AND token IN (
+             SELECT CASE WHEN s.type = 'object' THEN json_extract(s.value, '$.token') END
+             FROM dockhand_worklist w,
+                  json_each(CASE WHEN json_valid(w.sidecar) THEN w.sidecar ELSE '[]' END) s
+             WHERE w.parent_id = ?1 AND {rows})"
+    )
+}
+
+/// A stored job status, or a corrupt-row error naming the job.
+pub(super) fn job_status(id: i64, text: &str) -> Result<JobStatus> {
+    text.parse().map_err(|e: Error| Error::Corrupt {
+        what: "job",
+        id,
+        message: e.to_string(),
+    })
+}
+
+fn not_a_batch(parent: i64) -> Error {
+    Error::invalid("job", format!("job {parent} is not a batch parent"))
+}
+
+/// Reads batch parent `parent` on the open transaction: (status, children_total,
+/// children_terminal). The inner error: the job is missing or not a batch parent.
+async fn parent_row(
+    conn: &mut SqliteConnection,
+    parent: i64,
+    op: &'static str,
+) -> Result<Result<(String, i64, i64)>> {
+    let row: Option<(String, Option<String>, i64, i64)> = sqlx::query_as(
+        "SELECT status, batch_state, children_total, children_terminal
+         FROM dockhand_jobs WHERE id = ?",
+    )
+    .bind(parent)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    Ok(match row {
+        None => Err(Error::NotFound {
+            what: "job",
+            id: parent,
+        }),
+        Some((_, None, _, _)) => Err(not_a_batch(parent)),
+        Some((status, Some(_), total, terminal)) => Ok((status, total, terminal)),
+    })
+}
+
+pub(super) async fn fence_batch(
+    store: &SqliteStore,
+    parent: i64,
+    now: DateTime<Utc>,
+) -> Result<FenceOutcome> {
+    let op = "fence_batch";
+    let mut tx = store.begin_write(op).await?;
+    let (status, total, terminal) = match parent_row(&mut tx, parent, op).await? {
+        Ok(row) => row,
+        Err(e) => {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Err(e);
+        }
+    };
+    let (ready, leased): (i64, i64) = sqlx::query_as(
+        "SELECT COALESCE(SUM(state = 'ready'), 0), COALESCE(SUM(state = 'leased'), 0)
+         FROM dockhand_worklist WHERE parent_id = ?",
+    )
+    .bind(parent)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    if ready + leased > 0 {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Ok(FenceOutcome::Outstanding { ready, leased });
+    }
+    sqlx::query(
+        "UPDATE dockhand_jobs SET batch_state = 'fenced' WHERE id = ? AND batch_state <> 'fenced'",
+    )
+    .bind(parent)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    let finalize = terminal == total && !job_status(parent, &status)?.is_final();
+    let due = finalize && enqueue_due(&mut tx, &finalize_action(parent, now), now).await?;
+    tx.commit().await.map_err(Error::db(op))?;
+    if due {
+        store.wake.notify();
+    }
+    Ok(FenceOutcome::Fenced {
+        finalize_enqueued: finalize,
+    })
+}
+
+pub(super) async fn abort_batch(
+    store: &SqliteStore,
+    parent: i64,
+    why: BatchAbort,
+) -> Result<BatchState> {
+    let (row_error, outcome) = match why {
+        BatchAbort::ScheduleFailed => ("batch_schedule_failed", "batch_schedule_failed"),
+        BatchAbort::Cancel => ("cancelled", "cancel_requested"),
+    };
+    let op = "abort_batch";
+    let mut tx = store.begin_write(op).await?;
+    if let Err(e) = parent_row(&mut tx, parent, op).await? {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Err(e);
+    }
+    sqlx::query(&release_sql("w.state = 'ready'"))
+        .bind(parent)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db("abort_batch (release claims)"))?;
+    sqlx::query(
+        "UPDATE dockhand_worklist
+         SET state = 'discarded', error = ?, lease_owner = NULL, lease_until = NULL
+         WHERE parent_id = ? AND state = 'ready'",
+    )
+    .bind(row_error)
+    .bind(parent)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    sqlx::query(
+        "UPDATE dockhand_jobs
+         SET batch_outcome = COALESCE(batch_outcome, ?), batch_state = 'fenced'
+         WHERE id = ?",
+    )
+    .bind(outcome)
+    .bind(parent)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    let state = read_state(&mut tx, parent).await?.unwrap_or_default();
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok(state)
+}
+
+/// The parent's batch fields and worklist counts, read on `conn`; `None` when the job is
+/// missing or not a batch parent.
+async fn read_state(conn: &mut SqliteConnection, parent: i64) -> Result<Option<BatchState>> {
+    let op = "batch_state";
+    let row = sqlx::query(
+        "SELECT status, batch_state, batch_outcome, chunk_size, child_step, items_total, children_total,
+            children_terminal, children_completed, children_failed, children_skipped
+         FROM dockhand_jobs WHERE id = ? AND batch_state IS NOT NULL",
+    )
+    .bind(parent)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let d = || Error::db("decode batch state");
+    let status: String = row.try_get("status").map_err(d())?;
+    let batch: String = row.try_get("batch_state").map_err(d())?;
+    let mut st = BatchState {
+        status: Some(job_status(parent, &status)?),
+        fenced: batch == "fenced",
+        outcome: row.try_get("batch_outcome").map_err(d())?,
+        chunk_size: row
+            .try_get::<Option<i32>, _>("chunk_size")
+            .map_err(d())?
+            .unwrap_or(0),
+        child_step: row
+            .try_get::<Option<i32>, _>("child_step")
+            .map_err(d())?
+            .unwrap_or(0),
+        items_total: row.try_get("items_total").map_err(d())?,
+        children_total: row.try_get("children_total").map_err(d())?,
+        children_terminal: row.try_get("children_terminal").map_err(d())?,
+        children_completed: row.try_get("children_completed").map_err(d())?,
+        children_failed: row.try_get("children_failed").map_err(d())?,
+        children_skipped: row.try_get("children_skipped").map_err(d())?,
+        ..BatchState::default()
+    };
+    let counts: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state, COUNT(*) FROM dockhand_worklist WHERE parent_id = ? GROUP BY state",
+    )
+    .bind(parent)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    for (state, n) in counts {
+        match state.as_str() {
+            "ready" => st.ready = n,
+            "leased" => st.leased = n,
+            "completed" => st.completed_rows = n,
+            "discarded" => st.discarded_rows = n,
+            _ => {}
+        }
+    }
+    Ok(Some(st))
+}
+
+pub(super) async fn batch_state(store: &SqliteStore, parent: i64) -> Result<Option<BatchState>> {
+    let mut tx = store
+        .reader
+        .begin()
+        .await
+        .map_err(Error::db("batch_state"))?;
+    let st = read_state(&mut tx, parent).await?;
+    tx.commit().await.map_err(Error::db("batch_state"))?;
+    Ok(st)
+}
+
+pub(super) async fn cleanup_worklist(store: &SqliteStore, parent: i64) -> Result<u64> {
+    let op = "cleanup_worklist";
+    let mut tx = store.begin_write(op).await?;
+    let status: Option<String> =
+        sqlx::query_scalar("SELECT status FROM dockhand_jobs WHERE id = ?")
+            .bind(parent)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
+    // A missing parent leaves orphan rows nothing protects: they go too.
+    if let Some(s) = status {
+        let final_ = job_status(parent, &s).map(JobStatus::is_final);
+        if !matches!(final_, Ok(true)) {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Err(final_.err().unwrap_or_else(|| {
+                Error::invalid(
+                    "job",
+                    format!("job {parent} is {s}, not final: its worklist is still in use"),
+                )
+            }));
+        }
+    }
+    let done = sqlx::query("DELETE FROM dockhand_worklist WHERE parent_id = ?")
+        .bind(parent)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok(done.rows_affected())
+}
+
+/// In the bridge's transaction, after a child of `parent` became final with `status`: bumps
+/// the parent's terminal counter and the one for `status`, and enqueues the parent's finalize
+/// action when its fence is set, every child is terminal and it is not final. Returns whether
+/// a due finalize action was enqueued (the caller wakes runners after its commit).
+pub(super) async fn child_finished(
+    conn: &mut SqliteConnection,
+    parent: i64,
+    status: JobStatus,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let column = match status {
+        JobStatus::Completed => "children_completed",
+        JobStatus::Failed | JobStatus::Cancelled => "children_failed",
+        JobStatus::Skipped | JobStatus::CompletedNoItems => "children_skipped",
+        JobStatus::Pending | JobStatus::Processing | JobStatus::Waiting => return Ok(false),
+    };
+    let op = "finish_job (parent counters)";
+    let row: Option<(String, Option<String>, i64, i64)> = sqlx::query_as(&format!(
+        "UPDATE dockhand_jobs
+         SET children_terminal = children_terminal + 1, {column} = {column} + 1
+         WHERE id = ?
+         RETURNING status, batch_state, children_total, children_terminal"
+    ))
+    .bind(parent)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    let Some((parent_status, batch, total, terminal)) = row else {
+        return Ok(false);
+    };
+    if batch.as_deref() != Some("fenced")
+        || terminal != total
+        || job_status(parent, &parent_status)?.is_final()
+    {
+        return Ok(false);
+    }
+    enqueue_due(conn, &finalize_action(parent, now), now).await
+}
