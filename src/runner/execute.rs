@@ -30,7 +30,13 @@ pub(crate) enum RunEnd {
 
 impl Runner {
     /// Runs one claimed action to its finish write. Never panics; errors are logged.
-    pub(crate) async fn execute(&self, action: ClaimedAction) -> Option<FinishResult> {
+    /// `acks`: the batched acknowledgement writer, when running as a pool; `None` writes
+    /// directly (the inline testing helpers).
+    pub(crate) async fn execute(
+        &self,
+        action: ClaimedAction,
+        acks: Option<&super::acks::AckSender>,
+    ) -> Option<FinishResult> {
         let span = tracing::info_span!(
             "dockhand.action.run",
             action_id = action.id,
@@ -48,7 +54,7 @@ impl Runner {
             metrics::histogram!(telemetry::RUN_DURATION, "hook" => action.hook.clone())
                 .record(started.elapsed().as_secs_f64());
             let outcome = self.outcome(&action, end);
-            let result = self.finish(&action, &outcome).await;
+            let result = self.finish(&action, &outcome, acks).await;
             if let (Some(FinishResult::Applied), Finish::Fail { error }) = (result, &outcome) {
                 if let Some(observer) = self.registry.failure_observer(&action.hook) {
                     observer(self.context(&action), error.clone()).await;
@@ -144,9 +150,19 @@ impl Runner {
     }
 
     /// Writes the finish, retrying transient database errors a few times in-process.
-    async fn finish(&self, action: &ClaimedAction, outcome: &Finish) -> Option<FinishResult> {
+    async fn finish(
+        &self,
+        action: &ClaimedAction,
+        outcome: &Finish,
+        acks: Option<&super::acks::AckSender>,
+    ) -> Option<FinishResult> {
         let lease = action.lease();
-        let write = || async { self.store.finish(lease, outcome, self.clock.now()).await };
+        let write = || async {
+            match acks {
+                Some(tx) => super::acks::ack(tx, lease, outcome).await,
+                None => self.store.finish(lease, outcome, self.clock.now()).await,
+            }
+        };
         let result = write
             .retry(
                 ExponentialBuilder::default()

@@ -4,6 +4,7 @@
 //! - `execute`: one run of one claimed action (timeout, panic capture, outcome → [`Finish`]).
 //! - this module: the claim loop, heartbeats, wake-ups and graceful shutdown (Q12).
 
+mod acks;
 mod execute;
 
 use crate::backoff::Backoff;
@@ -128,7 +129,7 @@ impl Runner {
         let mut set = JoinSet::new();
         for action in claimed {
             let me = Arc::clone(self);
-            set.spawn(async move { me.execute(action).await });
+            set.spawn(async move { me.execute(action, None).await });
         }
         while set.join_next().await.is_some() {}
         Ok(n)
@@ -139,6 +140,12 @@ impl Runner {
         let slots = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
         let in_flight: InFlight = Arc::default();
         let heartbeat = tokio::spawn(Arc::clone(&self).heartbeat_loop(Arc::clone(&in_flight)));
+        let (ack_tx, ack_rx) = tokio::sync::mpsc::channel(1024);
+        let ack_writer = tokio::spawn(acks::writer(
+            Arc::clone(&self.store),
+            Arc::clone(&self.clock),
+            ack_rx,
+        ));
         let mut wake = self.store.wakeups();
         let mut tasks = JoinSet::new();
         let mut error_pause = Duration::from_millis(50);
@@ -186,8 +193,9 @@ impl Runner {
                 let lease = action.lease();
                 let me = Arc::clone(&self);
                 let registry = Arc::clone(&in_flight);
+                let acker = ack_tx.clone();
                 let handle = tasks.spawn(async move {
-                    me.execute(action).await;
+                    me.execute(action, Some(&acker)).await;
                     lock(&registry).remove(&lease.id);
                     drop(permit);
                 });
@@ -203,6 +211,11 @@ impl Runner {
             }
         }
         self.settle_on_shutdown(slots, in_flight, tasks).await;
+        // Every run has ended: close the queue and let the writer flush what is left.
+        drop(ack_tx);
+        if let Err(e) = ack_writer.await {
+            tracing::error!(error = %e, "acknowledgement writer ended abnormally");
+        }
         heartbeat.abort();
     }
 

@@ -58,6 +58,13 @@ macro_rules! delegate_store {
             ) -> Result<FinishResult> {
                 $around!(self, "finish", self.inner.finish(lease, outcome, now))
             }
+            async fn finish_many(
+                &self,
+                items: &[(Lease, Finish)],
+                now: DateTime<Utc>,
+            ) -> Result<Vec<FinishResult>> {
+                $around!(self, "finish_many", self.inner.finish_many(items, now))
+            }
             async fn cancel(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {
                 $around!(self, "cancel", self.inner.cancel(id, now))
             }

@@ -75,6 +75,21 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> Result<FinishResult>;
 
+    /// Finishes several runs at once (batched acknowledgements), each guarded exactly like
+    /// [`Store::finish`]; results in input order. Backends write them in one transaction; the
+    /// default finishes them one by one. An error means none of them is known to be written.
+    async fn finish_many(
+        &self,
+        items: &[(Lease, Finish)],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<FinishResult>> {
+        let mut out = Vec::with_capacity(items.len());
+        for (lease, outcome) in items {
+            out.push(self.finish(*lease, outcome, now).await?);
+        }
+        Ok(out)
+    }
+
     /// Cancels a pending or running action; false if it was neither.
     async fn cancel(&self, id: i64, now: DateTime<Utc>) -> Result<bool>;
 

@@ -27,6 +27,34 @@ pub(super) async fn finish(
     now: DateTime<Utc>,
 ) -> Result<FinishResult> {
     let mut tx = store.begin("finish").await?;
+    let result = finish_on(&mut tx, &store.channel, lease, outcome, now).await?;
+    tx.commit().await.map_err(Error::db("finish"))?;
+    Ok(result)
+}
+
+/// Batched acknowledgements: every finish in one transaction, each guarded on its own.
+pub(super) async fn finish_many(
+    store: &PgStore,
+    items: &[(Lease, Finish)],
+    now: DateTime<Utc>,
+) -> Result<Vec<FinishResult>> {
+    let mut tx = store.begin("finish_many").await?;
+    let mut out = Vec::with_capacity(items.len());
+    for (lease, outcome) in items {
+        out.push(finish_on(&mut tx, &store.channel, *lease, outcome, now).await?);
+    }
+    tx.commit().await.map_err(Error::db("finish_many"))?;
+    Ok(out)
+}
+
+/// One guarded finish on an open transaction.
+async fn finish_on(
+    tx: &mut PgConnection,
+    channel: &str,
+    lease: Lease,
+    outcome: &Finish,
+    now: DateTime<Utc>,
+) -> Result<FinishResult> {
     let q = match outcome {
         Finish::Complete => sqlx::query(guarded!(
             "UPDATE dockhand_actions SET status = 'complete', finished_at = $3,
@@ -68,9 +96,9 @@ pub(super) async fn finish(
     let done = q.execute(&mut *tx).await.map_err(Error::db("finish"))?;
     let result = if done.rows_affected() == 1 {
         let (event, detail) = outcome.log_entry();
-        log(&mut tx, lease.id, now, event, detail).await?;
+        log(tx, lease.id, now, event, detail).await?;
         if matches!(outcome, Finish::Release) {
-            listen::notify(&mut tx, Some(&store.channel)).await?;
+            listen::notify(tx, Some(channel)).await?;
         }
         FinishResult::Applied
     } else {
@@ -79,10 +107,9 @@ pub(super) async fn finish(
             lease.token,
             outcome.log_entry().0
         );
-        log(&mut tx, lease.id, now, "lease_lost", Some(detail)).await?;
+        log(tx, lease.id, now, "lease_lost", Some(detail)).await?;
         FinishResult::LeaseLost
     };
-    tx.commit().await.map_err(Error::db("finish"))?;
     Ok(result)
 }
 

@@ -26,6 +26,33 @@ pub(super) async fn finish(
     now: DateTime<Utc>,
 ) -> Result<FinishResult> {
     let mut tx = store.begin_write("finish").await?;
+    let result = finish_on(&mut tx, lease, outcome, now).await?;
+    tx.commit().await.map_err(Error::db("finish"))?;
+    Ok(result)
+}
+
+/// Batched acknowledgements: every finish in one write transaction, each guarded on its own.
+pub(super) async fn finish_many(
+    store: &SqliteStore,
+    items: &[(Lease, Finish)],
+    now: DateTime<Utc>,
+) -> Result<Vec<FinishResult>> {
+    let mut tx = store.begin_write("finish_many").await?;
+    let mut out = Vec::with_capacity(items.len());
+    for (lease, outcome) in items {
+        out.push(finish_on(&mut tx, *lease, outcome, now).await?);
+    }
+    tx.commit().await.map_err(Error::db("finish_many"))?;
+    Ok(out)
+}
+
+/// One guarded finish on an open write transaction.
+async fn finish_on(
+    tx: &mut SqliteConnection,
+    lease: Lease,
+    outcome: &Finish,
+    now: DateTime<Utc>,
+) -> Result<FinishResult> {
     let now_ms = ms(now);
     let q = match outcome {
         Finish::Complete => sqlx::query(guarded!(
@@ -63,7 +90,7 @@ pub(super) async fn finish(
         .map_err(Error::db("finish"))?;
     let result = if done.rows_affected() == 1 {
         let (event, detail) = outcome.log_entry();
-        log(&mut tx, lease.id, now, event, detail).await?;
+        log(tx, lease.id, now, event, detail).await?;
         FinishResult::Applied
     } else {
         let detail = format!(
@@ -71,10 +98,9 @@ pub(super) async fn finish(
             lease.token,
             outcome.log_entry().0
         );
-        log(&mut tx, lease.id, now, "lease_lost", Some(detail)).await?;
+        log(tx, lease.id, now, "lease_lost", Some(detail)).await?;
         FinishResult::LeaseLost
     };
-    tx.commit().await.map_err(Error::db("finish"))?;
     Ok(result)
 }
 

@@ -1,11 +1,13 @@
 //! The SQLite backend: the embedded default.
 //!
-//! Layout (the same in every backend): `mod.rs` opens the database and implements [`Store`] by
-//! delegating to `enqueue`, `claim`, `finish`, `query`, `schedule` and `maintenance` (actions),
-//! `jobs` (jobs, engine data, events, packets), `bridge` (the terminal bridge's transaction),
-//! `claims` (item claims), `ledger` (the tracked-items handler's rows), `batch` (fan-out, the
-//! worklist and child creation), `fence` (fence, aborts, batch state and the children's
-//! counters) and `recovery` (job liveness and the invariant audit).
+//! Layout (the same in every backend): `connect` opens the database and holds the inherent API
+//! (pool accessor, transactional enqueue, the `BEGIN IMMEDIATE` helper, time conversion);
+//! `mod.rs` defines [`SqliteStore`] and implements [`Store`] by delegating to `enqueue`,
+//! `claim`, `finish`, `query`, `schedule` and `maintenance` (actions), `jobs` (jobs, engine
+//! data, events, packets), `bridge` (the terminal bridge's transaction), `claims` (item
+//! claims), `ledger` (the tracked-items handler's rows), `batch` (fan-out, the worklist and
+//! child creation), `fence` (fence, aborts, batch state and the children's counters) and
+//! `recovery` (job liveness and the invariant audit).
 //!
 //! SQLite has one writer at a time. This store keeps a one-connection writer pool (writers queue
 //! fairly in the pool instead of spinning in SQLite's busy handler) and a reader pool; every
@@ -20,6 +22,7 @@ mod batch_tests;
 mod bridge;
 mod claim;
 mod claims;
+mod connect;
 mod enqueue;
 mod fence;
 #[cfg(test)]
@@ -36,6 +39,8 @@ mod schedule;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use connect::{from_ms, ms};
+
 use super::{
     Backend, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult, Lease, PruneCutoffs,
     QueueStats, ReapReport, Store, Wakeup,
@@ -50,7 +55,7 @@ use crate::claims::{
     ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,
     CompletionRegistry, Descriptor, Identity, ItemClaim,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::jobs::packets::EncodedPacket;
 use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
 use crate::schedule::{PreparedSchedule, Schedule};
@@ -58,19 +63,9 @@ use crate::state::JobStatus;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
-use sqlx::{Sqlite, Transaction};
-use std::str::FromStr;
+use sqlx::sqlite::SqlitePool;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
-
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
-
-/// Busy timeout for writers in other processes sharing the file.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A [`Store`] on SQLite.
 #[derive(Debug)]
@@ -80,125 +75,6 @@ pub struct SqliteStore {
     wake: Wakeup,
 }
 
-impl SqliteStore {
-    /// Opens (creating if missing) the database at `url` (`sqlite:PATH`, `sqlite://PATH` or
-    /// `sqlite::memory:`), checks its pragmas, and returns the store. Does not migrate.
-    pub async fn connect(url: &str) -> Result<Self> {
-        let memory = url.contains(":memory:") || url.contains("mode=memory");
-        let base = SqliteConnectOptions::from_str(url)
-            .map_err(|e| Error::invalid("database_url", e.to_string()))?
-            .create_if_missing(true)
-            .busy_timeout(BUSY_TIMEOUT)
-            .foreign_keys(true);
-        if memory {
-            // One connection holds the whole in-memory database; it must never be recycled.
-            let pool = SqlitePoolOptions::new()
-                .max_connections(1)
-                .min_connections(1)
-                .idle_timeout(None)
-                .max_lifetime(None)
-                .connect_with(base)
-                .await
-                .map_err(Error::db("connect"))?;
-            return Ok(Self {
-                writer: pool.clone(),
-                reader: pool,
-                wake: Wakeup::new(),
-            });
-        }
-        let opts = base
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal);
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(opts.clone())
-            .await
-            .map_err(Error::db("connect"))?;
-        check_pragmas(&writer).await?;
-        let reader = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(opts)
-            .await
-            .map_err(Error::db("connect"))?;
-        Ok(Self {
-            writer,
-            reader,
-            wake: Wakeup::new(),
-        })
-    }
-
-    /// The writer pool, for callers that want transactional enqueue in their own transaction
-    /// (see [`SqliteStore::enqueue_in`]).
-    pub fn pool(&self) -> &SqlitePool {
-        &self.writer
-    }
-
-    /// Transactional enqueue: inserts the action inside the caller's open transaction, so it
-    /// exists only if the caller commits. Call [`SqliteStore::notify`] after the commit to wake
-    /// an idle runner in this process at once (otherwise it is found at the next poll).
-    pub async fn enqueue_in(
-        tx: &mut Transaction<'_, Sqlite>,
-        action: &PreparedAction,
-        now: DateTime<Utc>,
-    ) -> Result<Enqueued> {
-        enqueue::enqueue_one(tx, action, now).await
-    }
-
-    /// Wakes runners in this process (after a transactional enqueue commits).
-    pub fn notify(&self) {
-        self.wake.notify();
-    }
-
-    pub(crate) async fn begin_write(
-        &self,
-        op: &'static str,
-    ) -> Result<Transaction<'static, Sqlite>> {
-        self.writer
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(Error::db(op))
-    }
-}
-
-async fn check_pragmas(pool: &SqlitePool) -> Result<()> {
-    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-        .fetch_one(pool)
-        .await
-        .map_err(Error::db("check pragmas"))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Error::Config(format!(
-            "SQLite journal_mode is `{mode}`, expected `wal`"
-        )));
-    }
-    let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
-        .fetch_one(pool)
-        .await
-        .map_err(Error::db("check pragmas"))?;
-    if busy <= 0 {
-        return Err(Error::Config("SQLite busy_timeout did not take".into()));
-    }
-    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
-        .fetch_one(pool)
-        .await
-        .map_err(Error::db("check pragmas"))?;
-    if sync < 1 {
-        return Err(Error::Config(format!(
-            "SQLite synchronous is {sync}; expected NORMAL (1) or FULL (2)"
-        )));
-    }
-    Ok(())
-}
-
-/// Milliseconds since the epoch, the stored form of a time.
-pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
-    t.timestamp_millis()
-}
-
-/// A stored time back to a `DateTime`.
-pub(crate) fn from_ms(v: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_millis(v).unwrap_or(DateTime::<Utc>::MIN_UTC)
-}
-
 #[async_trait]
 impl Store for SqliteStore {
     fn backend(&self) -> Backend {
@@ -206,7 +82,7 @@ impl Store for SqliteStore {
     }
 
     async fn migrate(&self) -> Result<()> {
-        MIGRATOR.run(&self.writer).await?;
+        connect::MIGRATOR.run(&self.writer).await?;
         Ok(())
     }
 
@@ -246,6 +122,18 @@ impl Store for SqliteStore {
     ) -> Result<FinishResult> {
         let r = finish::finish(self, lease, outcome, now).await?;
         if matches!(outcome, Finish::Release) {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn finish_many(
+        &self,
+        items: &[(Lease, Finish)],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<FinishResult>> {
+        let r = finish::finish_many(self, items, now).await?;
+        if items.iter().any(|(_, o)| matches!(o, Finish::Release)) {
             self.wake.notify();
         }
         Ok(r)

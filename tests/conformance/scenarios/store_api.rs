@@ -304,3 +304,55 @@ pub async fn store_logs_record_the_lifecycle(db: TestDb) {
     assert_eq!(logs[1].detail.as_deref(), Some("worker-7"));
     assert!(logs[2].detail.as_deref().unwrap().contains("flaky"));
 }
+
+pub async fn store_finish_many_guards_each_row(db: TestDb) {
+    let q = db.queue();
+    for i in 0..4 {
+        q.enqueue(ActionSpec::new("h", json!(i))).await.unwrap();
+    }
+    let c = claim(&db, "me", 4, Duration::seconds(30)).await;
+    let mut stale = c[3].lease();
+    stale.token += 1;
+    let at = db.clock.now() + Duration::minutes(1);
+    let items = vec![
+        (c[0].lease(), Finish::Complete),
+        (c[1].lease(), Finish::Fail { error: "x".into() }),
+        (
+            c[2].lease(),
+            Finish::Retry {
+                at,
+                error: "y".into(),
+            },
+        ),
+        (stale, Finish::Complete),
+    ];
+    let r = db.store.finish_many(&items, db.clock.now()).await.unwrap();
+    assert_eq!(
+        r,
+        vec![
+            FinishResult::Applied,
+            FinishResult::Applied,
+            FinishResult::Applied,
+            FinishResult::LeaseLost
+        ]
+    );
+    let status = |i: usize| {
+        let q = q.clone();
+        let id = c[i].id;
+        async move { q.get(id).await.unwrap().status }
+    };
+    assert_eq!(status(0).await, ActionStatus::Complete);
+    assert_eq!(status(1).await, ActionStatus::Failed);
+    assert_eq!(status(2).await, ActionStatus::Pending);
+    assert_eq!(
+        status(3).await,
+        ActionStatus::Running,
+        "a stale token in a batch changes nothing"
+    );
+    assert!(db
+        .store
+        .finish_many(&[], db.clock.now())
+        .await
+        .unwrap()
+        .is_empty());
+}

@@ -1,0 +1,140 @@
+//! Opening a [`SqliteStore`] and its inherent API: the writer and reader pools (one shared
+//! connection for in-memory databases), the pragmas read back at startup, the migrator, the
+//! pool accessor, transactional enqueue and in-process wake-ups, the `BEGIN IMMEDIATE` helper
+//! every write transaction starts with, and [`ms`] / [`from_ms`], the stored form of a time.
+
+use super::{enqueue, SqliteStore};
+use crate::action::PreparedAction;
+use crate::error::{Error, Result};
+use crate::store::{Enqueued, Wakeup};
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Sqlite, Transaction};
+use std::str::FromStr;
+use std::time::Duration;
+
+pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+
+/// Busy timeout for writers in other processes sharing the file.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database at `url` (`sqlite:PATH`, `sqlite://PATH` or
+    /// `sqlite::memory:`), checks its pragmas, and returns the store. Does not migrate.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let memory = url.contains(":memory:") || url.contains("mode=memory");
+        let base = SqliteConnectOptions::from_str(url)
+            .map_err(|e| Error::invalid("database_url", e.to_string()))?
+            .create_if_missing(true)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        if memory {
+            // One connection holds the whole in-memory database; it must never be recycled.
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect_with(base)
+                .await
+                .map_err(Error::db("connect"))?;
+            return Ok(Self {
+                writer: pool.clone(),
+                reader: pool,
+                wake: Wakeup::new(),
+            });
+        }
+        let opts = base
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(opts.clone())
+            .await
+            .map_err(Error::db("connect"))?;
+        check_pragmas(&writer).await?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts)
+            .await
+            .map_err(Error::db("connect"))?;
+        Ok(Self {
+            writer,
+            reader,
+            wake: Wakeup::new(),
+        })
+    }
+
+    /// The writer pool, for callers that want transactional enqueue in their own transaction
+    /// (see [`SqliteStore::enqueue_in`]).
+    pub fn pool(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    /// Transactional enqueue: inserts the action inside the caller's open transaction, so it
+    /// exists only if the caller commits. Call [`SqliteStore::notify`] after the commit to wake
+    /// an idle runner in this process at once (otherwise it is found at the next poll).
+    pub async fn enqueue_in(
+        tx: &mut Transaction<'_, Sqlite>,
+        action: &PreparedAction,
+        now: DateTime<Utc>,
+    ) -> Result<Enqueued> {
+        enqueue::enqueue_one(tx, action, now).await
+    }
+
+    /// Wakes runners in this process (after a transactional enqueue commits).
+    pub fn notify(&self) {
+        self.wake.notify();
+    }
+
+    pub(crate) async fn begin_write(
+        &self,
+        op: &'static str,
+    ) -> Result<Transaction<'static, Sqlite>> {
+        self.writer
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(Error::db(op))
+    }
+}
+
+async fn check_pragmas(pool: &SqlitePool) -> Result<()> {
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(pool)
+        .await
+        .map_err(Error::db("check pragmas"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::Config(format!(
+            "SQLite journal_mode is `{mode}`, expected `wal`"
+        )));
+    }
+    let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+        .fetch_one(pool)
+        .await
+        .map_err(Error::db("check pragmas"))?;
+    if busy <= 0 {
+        return Err(Error::Config("SQLite busy_timeout did not take".into()));
+    }
+    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(pool)
+        .await
+        .map_err(Error::db("check pragmas"))?;
+    if sync < 1 {
+        return Err(Error::Config(format!(
+            "SQLite synchronous is {sync}; expected NORMAL (1) or FULL (2)"
+        )));
+    }
+    Ok(())
+}
+
+/// Milliseconds since the epoch, the stored form of a time.
+pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+/// A stored time back to a `DateTime`.
+pub(crate) fn from_ms(v: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(v).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
