@@ -1,0 +1,254 @@
+//! `dockhand bench`: the end-to-end benchmark of DESIGN §10.
+//!
+//! Each workload runs against a fresh database (`db`): a new SQLite file in the temp directory,
+//! or a new PostgreSQL schema `dh_bench_<random>`, removed afterwards. The workloads
+//! (`workloads`) go through the public library API only ([`crate::Queue`], [`crate::Runtime`]),
+//! and each prints exactly one line on stdout:
+//!
+//! `peer=dockhand-sqlite workload=W2 n=10000 concurrency=8 secs=0.41 jobs_per_sec=24390 dup=0
+//! durability=sqlite-wal-synchronous-normal`
+
+mod db;
+mod workloads;
+
+use super::{args, CliError, Output};
+use crate::store::redact_url;
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use std::time::Duration;
+
+/// The environment variable read for `--backend postgres` when `--database-url` is not given.
+pub const TEST_POSTGRES_URL_ENV: &str = "DOCKHAND_TEST_POSTGRES_URL";
+
+/// Which database the benchmark runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchBackend {
+    /// A fresh SQLite file per workload (WAL, synchronous=NORMAL), deleted afterwards.
+    Sqlite,
+    /// A fresh schema per workload on the server named by --database-url, dropped afterwards.
+    Postgres,
+}
+
+/// One of the DESIGN §10 workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "verbatim")]
+pub enum Workload {
+    /// N single enqueues, one call each, sequentially.
+    #[value(name = "W1", alias = "w1")]
+    W1,
+    /// The same N rows through the bulk API, 1000 per call.
+    #[value(name = "W1b", alias = "w1b", alias = "W1B")]
+    W1b,
+    /// Drain N pending no-op actions with a runtime of --concurrency slots.
+    #[value(name = "W2", alias = "w2")]
+    W2,
+    /// Enqueue-to-handler-start latency of 200 actions, one every 5 ms, into an idle runtime.
+    #[value(name = "W3", alias = "w3")]
+    W3,
+}
+
+impl Workload {
+    const ALL: [Workload; 4] = [Workload::W1, Workload::W1b, Workload::W2, Workload::W3];
+
+    fn name(self) -> &'static str {
+        match self {
+            Workload::W1 => "W1",
+            Workload::W1b => "W1b",
+            Workload::W2 => "W2",
+            Workload::W3 => "W3",
+        }
+    }
+}
+
+/// Options of `dockhand bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The database to measure. PostgreSQL needs a server: --database-url, or the
+    /// DOCKHAND_TEST_POSTGRES_URL environment variable.
+    #[arg(long, value_enum, value_name = "BACKEND")]
+    pub backend: BenchBackend,
+    /// Jobs per workload for W1, W1b and W2 (W3 always measures 200 jobs).
+    #[arg(long, value_name = "N", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub n: u32,
+    /// Runtime slots (actions run at once) for W2 and W3.
+    #[arg(long, value_name = "C", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub concurrency: u32,
+    /// Workloads to run, comma-separated, in this order [default: W1,W1b,W2,W3].
+    #[arg(
+        long,
+        value_enum,
+        value_name = "W",
+        value_delimiter = ',',
+        ignore_case = true
+    )]
+    pub workload: Vec<Workload>,
+    /// Trade durability for speed, for comparison only: SQLite synchronous=OFF on the store's
+    /// writer connection, PostgreSQL synchronous_commit=off on the pool's sessions. The
+    /// default is the durable configuration (survives a process crash).
+    #[arg(long)]
+    pub relaxed: bool,
+    /// Give up on a workload (exit status 1) that has not finished after this long.
+    #[arg(long, value_name = "DURATION", default_value = "10m",
+          value_parser = args::parse_duration)]
+    pub timeout: chrono::Duration,
+}
+
+/// What one workload measured; printed as one `key=value` line (or one JSON object).
+#[derive(Debug, Clone, Serialize)]
+pub struct Measurement {
+    /// `dockhand-sqlite` or `dockhand-postgres`.
+    pub peer: String,
+    /// W1, W1b, W2 or W3.
+    pub workload: &'static str,
+    /// Jobs measured.
+    pub n: u64,
+    /// Runtime slots (W2, W3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// Rows per enqueue_bulk call (W1b).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u32>,
+    /// Wall time of the timed part.
+    pub secs: f64,
+    /// Throughput (W1, W1b, W2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jobs_per_sec: Option<f64>,
+    /// Median enqueue-to-handler-start latency (W3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50_ms: Option<f64>,
+    /// 99th percentile enqueue-to-handler-start latency (W3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_ms: Option<f64>,
+    /// Jobs whose handler ran more than once (W2, W3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dup: Option<u64>,
+    /// The durability settings in force, read back from the database.
+    pub durability: String,
+}
+
+impl Measurement {
+    /// The `key=value` line.
+    pub fn line(&self) -> String {
+        let mut s = format!("peer={} workload={} n={}", self.peer, self.workload, self.n);
+        if let Some(c) = self.concurrency {
+            s.push_str(&format!(" concurrency={c}"));
+        }
+        if let Some(b) = self.batch {
+            s.push_str(&format!(" batch={b}"));
+        }
+        s.push_str(&format!(" secs={:.2}", self.secs));
+        if let Some(r) = self.jobs_per_sec {
+            s.push_str(&format!(" jobs_per_sec={r:.0}"));
+        }
+        if let (Some(p50), Some(p99)) = (self.p50_ms, self.p99_ms) {
+            s.push_str(&format!(" p50_ms={p50:.2} p99_ms={p99:.2}"));
+        }
+        if let Some(d) = self.dup {
+            s.push_str(&format!(" dup={d}"));
+        }
+        s.push_str(&format!(" durability={}", self.durability));
+        s
+    }
+}
+
+/// `dockhand bench`: runs the chosen workloads one after another, each on a fresh database,
+/// printing one line per workload as soon as it is measured.
+pub(crate) async fn run(
+    database_url: Option<&str>,
+    a: &BenchArgs,
+    out: Output,
+) -> Result<(), CliError> {
+    let target = target(a.backend, database_url)?;
+    let timeout = args::non_negative("timeout", a.timeout)?;
+    if timeout.is_zero() {
+        return Err(CliError::Failed("--timeout must be positive".into()));
+    }
+    let workloads = if a.workload.is_empty() {
+        Workload::ALL.to_vec()
+    } else {
+        let mut w = a.workload.clone();
+        let mut seen = Vec::new();
+        w.retain(|x| {
+            let new = !seen.contains(x);
+            seen.push(*x);
+            new
+        });
+        w
+    };
+    for w in workloads {
+        let m = run_one(&target, w, a, timeout).await?;
+        if out.is_json() {
+            let text = serde_json::to_string(&m)
+                .map_err(|e| CliError::Failed(format!("cannot encode output as JSON: {e}")))?;
+            out.text(&text)?;
+        } else {
+            out.text(&m.line())?;
+        }
+    }
+    Ok(())
+}
+
+/// Resolves where the databases are created: nothing for SQLite (temp files), a server URL for
+/// PostgreSQL.
+fn target(backend: BenchBackend, database_url: Option<&str>) -> Result<db::Target, CliError> {
+    match backend {
+        BenchBackend::Sqlite => {
+            if let Some(url) = database_url {
+                eprintln!(
+                    "note: --database-url {} is not used with --backend sqlite: each workload \
+                     runs on a fresh temporary SQLite file",
+                    redact_url(url)
+                );
+            }
+            Ok(db::Target::Sqlite)
+        }
+        BenchBackend::Postgres => {
+            let env = std::env::var(TEST_POSTGRES_URL_ENV)
+                .ok()
+                .filter(|s| !s.is_empty());
+            let Some(url) = database_url.map(str::to_string).or(env) else {
+                return Err(CliError::Failed(format!(
+                    "--backend postgres needs a server: pass --database-url \
+                     postgres://USER:PASSWORD@HOST/DB (or set {TEST_POSTGRES_URL_ENV})"
+                )));
+            };
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err(CliError::Failed(format!(
+                    "--backend postgres needs a postgres:// URL in --database-url, not `{}`",
+                    redact_url(&url)
+                )));
+            }
+            Ok(db::Target::Postgres(url))
+        }
+    }
+}
+
+/// One workload on its own fresh database, which is removed afterwards whatever happened.
+async fn run_one(
+    target: &db::Target,
+    w: Workload,
+    a: &BenchArgs,
+    timeout: Duration,
+) -> Result<Measurement, CliError> {
+    let fresh = db::Fresh::open(target, a.relaxed).await?;
+    let result = tokio::time::timeout(timeout, workloads::run(&fresh, w, a)).await;
+    let durability = fresh.durability().await;
+    fresh.remove().await;
+    let mut m = match result {
+        Ok(m) => m?,
+        Err(_) => {
+            return Err(CliError::Failed(format!(
+                "workload {} did not finish within --timeout {}",
+                w.name(),
+                args::format_exact(timeout.as_millis().min(i64::MAX as u128) as i64)
+            )))
+        }
+    };
+    m.durability = durability?;
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests;
