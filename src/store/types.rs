@@ -128,6 +128,18 @@ impl Finish {
         }
     }
 
+    /// (event, detail) for the action log when this finish was refused because the lease
+    /// with `token` is no longer held.
+    pub(crate) fn lease_lost_entry(&self, token: i64) -> (&'static str, String) {
+        (
+            "lease_lost",
+            format!(
+                "token {token} tried to record `{}`; the lease is no longer held",
+                self.log_entry().0
+            ),
+        )
+    }
+
     /// (event, detail) for the action log.
     pub(crate) fn log_entry(&self) -> (&'static str, Option<String>) {
         match self {

@@ -93,12 +93,8 @@ async fn finish_on(
         log(tx, lease.id, now, event, detail).await?;
         FinishResult::Applied
     } else {
-        let detail = format!(
-            "token {} tried to record `{}`; the lease is no longer held",
-            lease.token,
-            outcome.log_entry().0
-        );
-        log(tx, lease.id, now, "lease_lost", Some(detail)).await?;
+        let (event, detail) = outcome.lease_lost_entry(lease.token);
+        log(tx, lease.id, now, event, Some(detail)).await?;
         FinishResult::LeaseLost
     };
     Ok(result)
