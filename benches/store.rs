@@ -5,7 +5,9 @@
 //!
 //! SQLite always (a temp file per group, opened as `dockhand::connect` opens it: WAL,
 //! synchronous=NORMAL); PostgreSQL too when DOCKHAND_TEST_POSTGRES_URL is set (a fresh schema
-//! `dh_crit_<random>` per group, dropped afterwards). Manual only, not run by CI:
+//! `dh_crit_<random>` per group, dropped afterwards), and MySQL/MariaDB when
+//! DOCKHAND_TEST_MYSQL_URL is set (a fresh database `dh_crit_<random>` per group, dropped
+//! afterwards). Manual only, not run by CI:
 //!
 //! ```text
 //! cargo bench --bench store                 # full run
@@ -17,6 +19,7 @@ use chrono::Utc;
 use criterion::{Criterion, Throughput};
 use dockhand::action::PreparedAction;
 use dockhand::claims::{ClaimItemRequest, ClaimOutcome, CompletionConfig, Identity};
+use dockhand::store::mysql::MySqlStore;
 use dockhand::store::postgres::PgStore;
 use dockhand::store::sqlite::SqliteStore;
 use dockhand::store::traced::Traced;
@@ -44,6 +47,7 @@ const OWNER: &str = "bench-runner";
 enum Backend {
     Sqlite,
     Postgres(String),
+    Mysql(String),
 }
 
 impl Backend {
@@ -51,6 +55,7 @@ impl Backend {
         match self {
             Backend::Sqlite => "sqlite",
             Backend::Postgres(_) => "postgres",
+            Backend::Mysql(_) => "mysql",
         }
     }
 }
@@ -64,6 +69,7 @@ struct Db {
 enum Cleanup {
     Dir(tempfile::TempDir),
     Schema { url: String, schema: String },
+    Database { url: String, name: String },
 }
 
 async fn fresh(backend: &Backend) -> Db {
@@ -85,6 +91,21 @@ async fn fresh(backend: &Backend) -> Db {
             };
             (Traced::wrap(Arc::new(store)), cleanup)
         }
+        Backend::Mysql(url) => {
+            let name = format!("dh_crit_{:016x}", fastrand::u64(..));
+            MySqlStore::create_database(url, &name)
+                .await
+                .expect("create MySQL database");
+            let options = MySqlStore::url_for_database(url, &name).expect("MySQL URL");
+            let store = MySqlStore::connect_with(options, 16)
+                .await
+                .expect("open MySQL");
+            let cleanup = Cleanup::Database {
+                url: url.clone(),
+                name,
+            };
+            (Traced::wrap(Arc::new(store)), cleanup)
+        }
     };
     store.migrate().await.expect("migrate");
     Db { store, cleanup }
@@ -98,6 +119,11 @@ impl Db {
             Cleanup::Schema { url, schema } => {
                 if let Err(e) = PgStore::drop_schema(&url, &schema).await {
                     eprintln!("warning: cannot drop schema {schema}: {e}");
+                }
+            }
+            Cleanup::Database { url, name } => {
+                if let Err(e) = MySqlStore::drop_database(&url, &name).await {
+                    eprintln!("warning: cannot drop database {name}: {e}");
                 }
             }
         }
@@ -333,6 +359,10 @@ fn main() {
     match std::env::var("DOCKHAND_TEST_POSTGRES_URL") {
         Ok(url) if !url.is_empty() => backends.push(Backend::Postgres(url)),
         _ => eprintln!("PostgreSQL skipped: set DOCKHAND_TEST_POSTGRES_URL to include it"),
+    }
+    match std::env::var("DOCKHAND_TEST_MYSQL_URL") {
+        Ok(url) if !url.is_empty() => backends.push(Backend::Mysql(url)),
+        _ => eprintln!("MySQL skipped: set DOCKHAND_TEST_MYSQL_URL to include it"),
     }
     let mut c = Criterion::default()
         .sample_size(10)

@@ -81,17 +81,19 @@ impl Error {
         match self {
             Error::Database { source, .. } => match source {
                 sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
-                sqlx::Error::Database(db) => matches!(
-                    db.code().as_deref(),
-                    // SQLite busy/locked, Postgres serialization failure/deadlock, MySQL deadlock/lock wait.
-                    Some("5")
-                        | Some("6")
-                        | Some("517")
-                        | Some("40001")
-                        | Some("40P01")
-                        | Some("1213")
-                        | Some("1205")
-                ),
+                sqlx::Error::Database(db) => {
+                    // MySQL reports SQLSTATE in `code()` ("HY000" for a lock wait timeout):
+                    // its error number tells deadlock (1213) and lock wait timeout (1205).
+                    let mysql_number = db
+                        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .map(|e| e.number());
+                    matches!(mysql_number, Some(1213) | Some(1205))
+                        || matches!(
+                            db.code().as_deref(),
+                            // SQLite busy/locked, Postgres serialization failure/deadlock.
+                            Some("5") | Some("6") | Some("517") | Some("40001") | Some("40P01")
+                        )
+                }
                 _ => false,
             },
             _ => false,

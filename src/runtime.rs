@@ -283,7 +283,7 @@ impl std::fmt::Debug for Runtime {
 }
 
 impl Runtime {
-    /// A builder over the database at `url` (`sqlite:…` or `postgres://…`).
+    /// A builder over the database at `url` (`sqlite:…`, `postgres://…` or `mysql://…`).
     pub fn builder(url: impl Into<String>) -> RuntimeBuilder {
         Self::builder_from(StoreSource::Url(url.into()))
     }

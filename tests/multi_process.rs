@@ -1,6 +1,7 @@
 //! S-A6 across processes: two `dockhand run` worker processes share one database (PostgreSQL,
-//! and SQLite through its file) and drain it without running any action twice.
+//! MySQL/MariaDB, and SQLite through its file) and drain it without running any action twice.
 
+use dockhand::store::mysql::MySqlStore;
 use dockhand::store::postgres::PgStore;
 use dockhand::store::sqlite::SqliteStore;
 use dockhand::{ActionQuery, ActionSpec, ActionStatus, DynStore, Queue};
@@ -139,4 +140,47 @@ async fn s_a6_two_worker_processes_on_postgres() {
     two_processes_share_the_queue(store.clone(), &url).await;
     store.close().await;
     PgStore::drop_schema(&base, &schema).await.unwrap();
+}
+
+/// `url` (`mysql://USER@HOST:PORT/DB?…`) naming database `name` instead.
+fn mysql_url_for(url: &str, name: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("mysql", url));
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let query = tail.find('?').map_or("", |i| &tail[i..]);
+    format!("{scheme}://{authority}/{name}{query}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s_a6_two_worker_processes_on_mysql() {
+    let Some(base) = std::env::var("DOCKHAND_TEST_MYSQL_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: MySQL/MariaDB multi-process test (set DOCKHAND_TEST_MYSQL_URL to run it)"
+        );
+        return;
+    };
+    let name = format!("dh_{}", uuid::Uuid::new_v4().simple());
+    MySqlStore::create_database(&base, &name).await.unwrap();
+    let url = mysql_url_for(&base, &name);
+    let store: DynStore = Arc::new(MySqlStore::connect(&url).await.unwrap());
+    store.migrate().await.unwrap();
+    two_processes_share_the_queue(store.clone(), &url).await;
+    store.close().await;
+    MySqlStore::drop_database(&base, &name).await.unwrap();
+}
+
+#[test]
+fn mysql_urls_name_the_test_database() {
+    assert_eq!(
+        mysql_url_for("mysql://root@127.0.0.1:3306/test", "dh_1"),
+        "mysql://root@127.0.0.1:3306/dh_1"
+    );
+    assert_eq!(
+        mysql_url_for("mariadb://u:p@h/db?ssl-mode=disabled", "dh_2"),
+        "mariadb://u:p@h/dh_2?ssl-mode=disabled"
+    );
+    assert_eq!(mysql_url_for("mysql://h", "dh_3"), "mysql://h/dh_3");
 }

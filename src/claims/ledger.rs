@@ -60,6 +60,7 @@ impl CompletionHandler for TrackedItems {
             CompletionTx::Postgres(conn) => {
                 crate::store::postgres::ledger::upsert(conn, &row).await
             }
+            CompletionTx::MySql(conn) => crate::store::mysql::ledger::upsert(conn, &row).await,
         };
         r.map_err(|e| e.to_string())
     }

@@ -214,6 +214,8 @@ pub enum CompletionTx<'a> {
     Sqlite(&'a mut sqlx::SqliteConnection),
     /// PostgreSQL.
     Postgres(&'a mut sqlx::PgConnection),
+    /// MySQL / MariaDB.
+    MySql(&'a mut sqlx::MySqlConnection),
 }
 
 /// What a completion handler is told about the claim it completes.

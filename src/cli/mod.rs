@@ -52,9 +52,10 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite:dockhand.db";
     after_help = "Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=dockhand=debug) for more."
 )]
 pub struct Cli {
-    /// Database URL: sqlite:PATH, sqlite::memory: or postgres://USER:PASSWORD@HOST/DB
+    /// Database URL: sqlite:PATH, sqlite::memory:, postgres://USER:PASSWORD@HOST/DB or
+    /// mysql://USER:PASSWORD@HOST/DB (MySQL 8 / MariaDB 10.6+; mariadb:// too)
     /// [default: sqlite:dockhand.db; for `demo`: sqlite:dockhand-demo.db; `bench` uses it only
-    /// with --backend postgres].
+    /// with --backend postgres or mysql].
     #[arg(
         long,
         global = true,
@@ -203,7 +204,7 @@ pub enum Command {
     /// counts read back from the database (items, newly processed, skipped, children, parent
     /// status, tracked-items rows, wall time) and runs `check`. The database is kept
     /// (default sqlite:dockhand-demo.db in the current directory; --database-url or
-    /// DOCKHAND_DATABASE_URL choose another, PostgreSQL included), so a second run processes
+    /// DOCKHAND_DATABASE_URL choose another, PostgreSQL and MySQL included), so a second run processes
     /// nothing new and its job finishes completed_no_items; feed-import jobs an interrupted run
     /// left unfinished are finished first. Exit status 1 if the job does not succeed, an
     /// invariant is broken or --timeout passes.
@@ -212,7 +213,9 @@ pub enum Command {
     ///
     /// Each workload runs on its own new database, removed afterwards: SQLite a temporary
     /// file (WAL, synchronous=NORMAL, as the store opens it), PostgreSQL a new schema
-    /// dh_bench_<random> on the server named by --database-url (or DOCKHAND_TEST_POSTGRES_URL).
+    /// dh_bench_<random> on the server named by --database-url (or DOCKHAND_TEST_POSTGRES_URL),
+    /// MySQL/MariaDB a new database of that name on the server named by --database-url (or
+    /// DOCKHAND_TEST_MYSQL_URL).
     /// Workloads: W1 enqueues --n jobs with args {"n": i}, one Queue::enqueue call each,
     /// sequentially; W1b the same --n rows through Queue::enqueue_bulk, 1000 per call; W2
     /// bulk-enqueues --n no-op jobs, then times a runtime with --concurrency slots (poll
@@ -224,11 +227,13 @@ pub enum Command {
     /// peer=dockhand-sqlite workload=W2 n=10000 concurrency=8 secs=0.41 jobs_per_sec=24390
     /// dup=0 durability=sqlite-wal-synchronous-normal (W3 prints p50_ms and p99_ms instead of
     /// jobs_per_sec; durability is read back from the database:
-    /// sqlite-<journal>-synchronous-<level> or pg-synchronous_commit-<value>).
+    /// sqlite-<journal>-synchronous-<level>, pg-synchronous_commit-<value> or
+    /// mysql-flush_log_at_trx_commit-N-sync_binlog-N).
     #[command(
         after_help = "Examples:\n  dockhand bench --backend sqlite\n  dockhand bench \
                             --backend postgres --database-url postgres://postgres@127.0.0.1/postgres \
-                            --workload W2 --concurrency 16"
+                            --workload W2 --concurrency 16\n  dockhand bench --backend mysql \
+                            --database-url mysql://root@127.0.0.1:3306/test --n 10000"
     )]
     Bench(BenchArgs),
 }

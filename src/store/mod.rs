@@ -29,6 +29,7 @@ use tokio::sync::watch;
 
 mod delegate;
 pub mod faulty;
+pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
 pub mod traced;
@@ -39,8 +40,8 @@ pub use types::{
     QueueStats, ReapReport,
 };
 
-/// Every database action the runtime needs. Implemented by [`sqlite::SqliteStore`] and
-/// [`postgres::PgStore`]; tests wrap it to inject faults. All times come from the caller's clock.
+/// Every database action the runtime needs. Implemented by [`sqlite::SqliteStore`],
+/// [`postgres::PgStore`] and [`mysql::MySqlStore`]; tests wrap it to inject faults. All times come from the caller's clock.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Which backend this is.
@@ -400,8 +401,13 @@ pub trait Store: Send + Sync + 'static {
 /// A shared, dynamically chosen store.
 pub type DynStore = Arc<dyn Store>;
 
-/// Opens the store a URL names: `sqlite:…` (file or `sqlite::memory:`) or `postgres://…`.
-/// Does not migrate.
+/// The URL schemes [`connect`] accepts, for messages.
+pub const SUPPORTED_SCHEMES: &str =
+    "sqlite:PATH, sqlite::memory:, postgres://, postgresql://, mysql:// or mariadb://";
+
+/// Opens the store a URL names: `sqlite:…` (file or `sqlite::memory:`), `postgres://…` /
+/// `postgresql://…`, or `mysql://…` / `mariadb://…` (MySQL 8 or MariaDB 10.6+). Does not
+/// migrate.
 pub async fn connect(url: &str) -> Result<DynStore> {
     if url.starts_with("sqlite:") {
         Ok(traced::Traced::wrap(Arc::new(
@@ -411,11 +417,15 @@ pub async fn connect(url: &str) -> Result<DynStore> {
         Ok(traced::Traced::wrap(Arc::new(
             postgres::PgStore::connect(url).await?,
         )))
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        Ok(traced::Traced::wrap(Arc::new(
+            mysql::MySqlStore::connect(url).await?,
+        )))
     } else {
         Err(Error::invalid(
             "database_url",
             format!(
-                "unsupported scheme in `{}`; use sqlite:PATH, sqlite::memory: or postgres://",
+                "unsupported scheme in `{}`; use {SUPPORTED_SCHEMES}",
                 redact_url(url)
             ),
         ))
@@ -479,5 +489,11 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
         assert_eq!(redact_url("sqlite:x.db"), "sqlite:x.db");
+        assert_eq!(
+            redact_url("mysql://root:pw@127.0.0.1:3306/test"),
+            "mysql://root:***@127.0.0.1:3306/test"
+        );
+        assert_eq!(redact_url("mariadb://u:p@ss@h/db"), "mariadb://u:***@h/db");
+        assert_eq!(redact_url("mysql://root@h/db"), "mysql://root@h/db");
     }
 }

@@ -14,6 +14,8 @@ pub enum Backend {
     Sqlite,
     /// PostgreSQL.
     Postgres,
+    /// MySQL 8 or MariaDB 10.6+.
+    Mysql,
 }
 
 impl std::fmt::Display for Backend {
@@ -21,6 +23,7 @@ impl std::fmt::Display for Backend {
         f.write_str(match self {
             Backend::Sqlite => "sqlite",
             Backend::Postgres => "postgres",
+            Backend::Mysql => "mysql",
         })
     }
 }

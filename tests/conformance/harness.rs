@@ -1,8 +1,10 @@
-//! Test harness: one isolated database per test (a temp SQLite file, or a fresh PostgreSQL
-//! schema), a frozen clock, and a runtime builder preset for deterministic tests.
+//! Test harness: one isolated database per test (a temp SQLite file, a fresh PostgreSQL
+//! schema, or a fresh MySQL/MariaDB database), a frozen clock, and a runtime builder preset for
+//! deterministic tests.
 
 use chrono::{DateTime, TimeZone, Utc};
 use dockhand::runtime::RuntimeBuilder;
+use dockhand::store::mysql::MySqlStore;
 use dockhand::store::postgres::PgStore;
 use dockhand::store::sqlite::SqliteStore;
 use dockhand::{Backoff, DynStore, Runtime, TestClock};
@@ -15,6 +17,7 @@ use std::time::Duration;
 pub enum Kind {
     Sqlite,
     Postgres,
+    Mysql,
 }
 
 /// An isolated database for one test.
@@ -24,6 +27,7 @@ pub struct TestDb {
     pub store: DynStore,
     pub clock: TestClock,
     url: String,
+    /// The PostgreSQL schema or the MySQL database of this test.
     schema: Option<String>,
     _dir: Option<Arc<tempfile::TempDir>>,
 }
@@ -34,6 +38,31 @@ pub fn t0() -> DateTime<Utc> {
 }
 
 static PG_SKIP: Once = Once::new();
+static MYSQL_SKIP: Once = Once::new();
+
+pub fn mysql_url() -> Option<String> {
+    let url = std::env::var("DOCKHAND_TEST_MYSQL_URL")
+        .ok()
+        .filter(|u| !u.is_empty());
+    if url.is_none() {
+        MYSQL_SKIP.call_once(|| {
+            // Written to the real stderr (not the captured test output) so it is visible once.
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: MySQL/MariaDB conformance tests (set DOCKHAND_TEST_MYSQL_URL to run them)"
+            );
+        });
+    }
+    url
+}
+
+/// Opens a store on database `name` of the MySQL server `url` names.
+async fn open_mysql(url: &str, name: &str) -> MySqlStore {
+    let options = MySqlStore::url_for_database(url, name).expect("mysql url");
+    MySqlStore::connect_with(options, 10)
+        .await
+        .expect("open mysql database")
+}
 
 pub fn postgres_url() -> Option<String> {
     let url = std::env::var("DOCKHAND_TEST_POSTGRES_URL")
@@ -89,6 +118,23 @@ impl TestDb {
                     _dir: None,
                 })
             }
+            Kind::Mysql => {
+                let url = mysql_url()?;
+                let name = format!("dh_{}", uuid::Uuid::new_v4().simple());
+                MySqlStore::create_database(&url, &name)
+                    .await
+                    .expect("create mysql database");
+                let store: DynStore = Arc::new(open_mysql(&url, &name).await);
+                store.migrate().await.expect("migrate");
+                Some(TestDb {
+                    kind,
+                    store,
+                    clock,
+                    url,
+                    schema: Some(name),
+                    _dir: None,
+                })
+            }
         }
     }
 
@@ -101,6 +147,9 @@ impl TestDb {
                     .await
                     .expect("open postgres"),
             ),
+            Kind::Mysql => {
+                Arc::new(open_mysql(&self.url, self.schema.as_deref().unwrap_or("test")).await)
+            }
         }
     }
 
@@ -146,13 +195,28 @@ impl TestDb {
                 sqlx::query(sql).execute(&pool).await.expect("exec sql");
                 pool.close().await;
             }
+            Kind::Mysql => {
+                let name = self.schema.clone().unwrap_or_else(|| "test".into());
+                let opts = MySqlStore::url_for_database(&self.url, &name).expect("mysql url");
+                let pool = sqlx::MySqlPool::connect_with(opts)
+                    .await
+                    .expect("open mysql");
+                sqlx::query(sql).execute(&pool).await.expect("exec sql");
+                pool.close().await;
+            }
         }
     }
 
     pub async fn cleanup(self) {
         self.store.close().await;
-        if let Some(schema) = &self.schema {
-            let _ = PgStore::drop_schema(&self.url, schema).await;
+        match (self.kind, &self.schema) {
+            (Kind::Postgres, Some(schema)) => {
+                let _ = PgStore::drop_schema(&self.url, schema).await;
+            }
+            (Kind::Mysql, Some(name)) => {
+                let _ = MySqlStore::drop_database(&self.url, name).await;
+            }
+            _ => {}
         }
     }
 }
@@ -176,6 +240,16 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     let Some(db) = $crate::harness::TestDb::new($crate::harness::Kind::Postgres).await else { return };
+                    $crate::scenarios::$name(db.clone()).await;
+                    db.cleanup().await;
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let Some(db) = $crate::harness::TestDb::new($crate::harness::Kind::Mysql).await else { return };
                     $crate::scenarios::$name(db.clone()).await;
                     db.cleanup().await;
                 }

@@ -1,6 +1,6 @@
 //! The conformance suite: every scenario runs on every backend (SQLite always; PostgreSQL when
-//! `DOCKHAND_TEST_POSTGRES_URL` is set). Scenario ids from `shared/SCENARIOS.md` are in the
-//! test names (`s_a1_…`).
+//! `DOCKHAND_TEST_POSTGRES_URL` is set; MySQL/MariaDB when `DOCKHAND_TEST_MYSQL_URL` is set).
+//! Scenario ids from `shared/SCENARIOS.md` are in the test names (`s_a1_…`).
 
 mod harness;
 mod scenarios;

@@ -4,18 +4,23 @@
 //! SQLite: `dockhand-bench-<pid>-<random>.db` in the temp directory, opened exactly as
 //! [`crate::store::connect`] opens a file (WAL, `synchronous = NORMAL`), deleted with its
 //! `-wal`/`-shm` side files afterwards. PostgreSQL: schema `dh_bench_<random>` through
-//! [`PgStore::connect_in_schema`], dropped with [`PgStore::drop_schema`] afterwards.
+//! [`PgStore::connect_in_schema`], dropped with [`PgStore::drop_schema`] afterwards. MySQL /
+//! MariaDB: database `dh_bench_<random>` through [`MySqlStore::create_database`], dropped with
+//! [`MySqlStore::drop_database`] afterwards.
 //!
 //! `--relaxed` needs no library switch: SQLite runs `PRAGMA synchronous = OFF` on the store's
 //! one writer connection ([`SqliteStore::pool`]); PostgreSQL adds
-//! `options[synchronous_commit]=off` to the URL, so every pooled session starts with it.
+//! `options[synchronous_commit]=off` to the URL, so every pooled session starts with it. MySQL
+//! has no per-session switch (`innodb_flush_log_at_trx_commit` and `sync_binlog` are global), so
+//! `--relaxed` changes nothing there; the values in force are read back all the same.
 
 use super::CliError;
+use crate::store::mysql::MySqlStore;
 use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::traced::Traced;
 use crate::DynStore;
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -26,6 +31,8 @@ pub(super) enum Target {
     Sqlite,
     /// Schemas on this server.
     Postgres(String),
+    /// Databases on this MySQL / MariaDB server.
+    Mysql(String),
 }
 
 enum Place {
@@ -38,13 +45,18 @@ enum Place {
         schema: String,
         pool: PgPool,
     },
+    Mysql {
+        url: String,
+        name: String,
+        pool: MySqlPool,
+    },
 }
 
 /// A migrated, empty database for one workload.
 pub(super) struct Fresh {
     /// The store, wrapped in [`Traced`] like every store [`crate::store::connect`] opens.
     pub(super) store: DynStore,
-    /// `dockhand-sqlite` or `dockhand-postgres`.
+    /// `dockhand-sqlite`, `dockhand-postgres` or `dockhand-mysql`.
     pub(super) peer: &'static str,
     place: Place,
 }
@@ -94,6 +106,37 @@ impl Fresh {
                     },
                 }
             }
+            Target::Mysql(url) => {
+                let name = format!("dh_bench_{:016x}", fastrand::u64(..));
+                MySqlStore::create_database(url, &name).await?;
+                let opened = match MySqlStore::url_for_database(url, &name) {
+                    Ok(options) => {
+                        MySqlStore::connect_with(
+                            options,
+                            crate::store::mysql::DEFAULT_MAX_CONNECTIONS,
+                        )
+                        .await
+                    }
+                    Err(e) => Err(e),
+                };
+                let store = match opened {
+                    Ok(store) => store,
+                    Err(e) => {
+                        let _ = MySqlStore::drop_database(url, &name).await;
+                        return Err(e.into());
+                    }
+                };
+                let pool = store.pool().clone();
+                Fresh {
+                    store: Traced::wrap(Arc::new(store)),
+                    peer: "dockhand-mysql",
+                    place: Place::Mysql {
+                        url: url.clone(),
+                        name,
+                        pool,
+                    },
+                }
+            }
         };
         if let Err(e) = fresh.store.migrate().await {
             fresh.remove().await;
@@ -103,7 +146,8 @@ impl Fresh {
     }
 
     /// The durability settings in force, read back from the database:
-    /// `sqlite-<journal mode>-synchronous-<level>` or `pg-synchronous_commit-<value>`.
+    /// `sqlite-<journal mode>-synchronous-<level>`, `pg-synchronous_commit-<value>` or
+    /// `mysql-flush_log_at_trx_commit-<n>-sync_binlog-<n>`.
     pub(super) async fn durability(&self) -> Result<String, CliError> {
         match &self.place {
             Place::Sqlite { writer, .. } => {
@@ -134,6 +178,23 @@ impl Fresh {
                     .map_err(|e| failed("cannot read synchronous_commit", e))?;
                 Ok(format!("pg-synchronous_commit-{value}"))
             }
+            Place::Mysql { pool, .. } => {
+                let (flush, sync): (i64, i64) = sqlx::query_as(
+                    "SELECT CAST(@@global.innodb_flush_log_at_trx_commit AS SIGNED),
+                            CAST(@@global.sync_binlog AS SIGNED)",
+                )
+                .fetch_one(pool)
+                .await
+                .map_err(|e| {
+                    failed(
+                        "cannot read innodb_flush_log_at_trx_commit and sync_binlog",
+                        e,
+                    )
+                })?;
+                Ok(format!(
+                    "mysql-flush_log_at_trx_commit-{flush}-sync_binlog-{sync}"
+                ))
+            }
         }
     }
 
@@ -143,6 +204,7 @@ impl Fresh {
         match &self.place {
             Place::Sqlite { path, .. } => path.display().to_string(),
             Place::Postgres { schema, .. } => schema.clone(),
+            Place::Mysql { name, .. } => name.clone(),
         }
     }
 
@@ -167,6 +229,12 @@ impl Fresh {
                 pool.close().await;
                 if let Err(e) = PgStore::drop_schema(&url, &schema).await {
                     eprintln!("warning: cannot drop schema {schema}: {e}");
+                }
+            }
+            Place::Mysql { url, name, pool } => {
+                pool.close().await;
+                if let Err(e) = MySqlStore::drop_database(&url, &name).await {
+                    eprintln!("warning: cannot drop database {name}: {e}");
                 }
             }
         }

@@ -1,7 +1,8 @@
 //! `dockhand bench`: the end-to-end benchmark of DESIGN §10.
 //!
 //! Each workload runs against a fresh database (`db`): a new SQLite file in the temp directory,
-//! or a new PostgreSQL schema `dh_bench_<random>`, removed afterwards. The workloads
+//! a new PostgreSQL schema `dh_bench_<random>`, or a new MySQL/MariaDB database
+//! `dh_bench_<random>`, removed afterwards. The workloads
 //! (`workloads`) go through the public library API only ([`crate::Queue`], [`crate::Runtime`]),
 //! and each prints exactly one line on stdout:
 //!
@@ -20,6 +21,9 @@ use std::time::Duration;
 /// The environment variable read for `--backend postgres` when `--database-url` is not given.
 pub const TEST_POSTGRES_URL_ENV: &str = "DOCKHAND_TEST_POSTGRES_URL";
 
+/// The environment variable read for `--backend mysql` when `--database-url` is not given.
+pub const TEST_MYSQL_URL_ENV: &str = "DOCKHAND_TEST_MYSQL_URL";
+
 /// Which database the benchmark runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BenchBackend {
@@ -27,6 +31,9 @@ pub enum BenchBackend {
     Sqlite,
     /// A fresh schema per workload on the server named by --database-url, dropped afterwards.
     Postgres,
+    /// A fresh database per workload on the MySQL 8 / MariaDB server named by --database-url,
+    /// dropped afterwards.
+    Mysql,
 }
 
 /// One of the DESIGN §10 workloads.
@@ -63,8 +70,8 @@ impl Workload {
 /// Options of `dockhand bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// The database to measure. PostgreSQL needs a server: --database-url, or the
-    /// DOCKHAND_TEST_POSTGRES_URL environment variable.
+    /// The database to measure. PostgreSQL and MySQL/MariaDB need a server: --database-url,
+    /// or the DOCKHAND_TEST_POSTGRES_URL / DOCKHAND_TEST_MYSQL_URL environment variable.
     #[arg(long, value_enum, value_name = "BACKEND")]
     pub backend: BenchBackend,
     /// Jobs per workload for W1, W1b and W2 (W3 always measures 200 jobs).
@@ -85,8 +92,10 @@ pub struct BenchArgs {
     )]
     pub workload: Vec<Workload>,
     /// Trade durability for speed, for comparison only: SQLite synchronous=OFF on the store's
-    /// writer connection, PostgreSQL synchronous_commit=off on the pool's sessions. The
-    /// default is the durable configuration (survives a process crash).
+    /// writer connection, PostgreSQL synchronous_commit=off on the pool's sessions. Not
+    /// applied on MySQL, where durability (innodb_flush_log_at_trx_commit, sync_binlog) is a
+    /// server-wide setting; it is read back and printed as it is. The default is the durable
+    /// configuration (survives a process crash).
     #[arg(long)]
     pub relaxed: bool,
     /// Give up on a workload (exit status 1) that has not finished after this long.
@@ -98,7 +107,7 @@ pub struct BenchArgs {
 /// What one workload measured; printed as one `key=value` line (or one JSON object).
 #[derive(Debug, Clone, Serialize)]
 pub struct Measurement {
-    /// `dockhand-sqlite` or `dockhand-postgres`.
+    /// `dockhand-sqlite`, `dockhand-postgres` or `dockhand-mysql`.
     pub peer: String,
     /// W1, W1b, W2 or W3.
     pub workload: &'static str,
@@ -161,6 +170,12 @@ pub(crate) async fn run(
     out: Output,
 ) -> Result<(), CliError> {
     let target = target(a.backend, database_url)?;
+    if a.relaxed && a.backend == BenchBackend::Mysql {
+        eprintln!(
+            "note: --relaxed is not applied with --backend mysql: innodb_flush_log_at_trx_commit \
+             and sync_binlog are server-wide settings; the values in force are printed"
+        );
+    }
     let timeout = args::non_negative("timeout", a.timeout)?;
     if timeout.is_zero() {
         return Err(CliError::Failed("--timeout must be positive".into()));
@@ -191,7 +206,7 @@ pub(crate) async fn run(
 }
 
 /// Resolves where the databases are created: nothing for SQLite (temp files), a server URL for
-/// PostgreSQL.
+/// PostgreSQL and MySQL.
 fn target(backend: BenchBackend, database_url: Option<&str>) -> Result<db::Target, CliError> {
     match backend {
         BenchBackend::Sqlite => {
@@ -221,6 +236,24 @@ fn target(backend: BenchBackend, database_url: Option<&str>) -> Result<db::Targe
                 )));
             }
             Ok(db::Target::Postgres(url))
+        }
+        BenchBackend::Mysql => {
+            let env = std::env::var(TEST_MYSQL_URL_ENV)
+                .ok()
+                .filter(|s| !s.is_empty());
+            let Some(url) = database_url.map(str::to_string).or(env) else {
+                return Err(CliError::Failed(format!(
+                    "--backend mysql needs a server: pass --database-url \
+                     mysql://USER:PASSWORD@HOST/DB (or set {TEST_MYSQL_URL_ENV})"
+                )));
+            };
+            if !(url.starts_with("mysql://") || url.starts_with("mariadb://")) {
+                return Err(CliError::Failed(format!(
+                    "--backend mysql needs a mysql:// URL in --database-url, not `{}`",
+                    redact_url(&url)
+                )));
+            }
+            Ok(db::Target::Mysql(url))
         }
     }
 }

@@ -1,5 +1,5 @@
 //! `dockhand bench`: flags, the output line, and short real runs (SQLite always, PostgreSQL
-//! when DOCKHAND_TEST_POSTGRES_URL is set).
+//! when DOCKHAND_TEST_POSTGRES_URL is set, MySQL/MariaDB when DOCKHAND_TEST_MYSQL_URL is set).
 
 use super::workloads::percentile;
 use super::*;
@@ -27,6 +27,10 @@ fn flags_parse_with_defaults_and_reject_bad_values() {
         (BenchBackend::Sqlite, 10_000, 8, false)
     );
     assert!(a.workload.is_empty());
+    assert_eq!(
+        bench_args(&["--backend", "mysql"]).backend,
+        BenchBackend::Mysql
+    );
     let a = bench_args(&[
         "--backend",
         "postgres",
@@ -42,7 +46,7 @@ fn flags_parse_with_defaults_and_reject_bad_values() {
     assert_eq!((a.n, a.concurrency, a.relaxed), (5, 16, true));
     for bad in [
         &["dockhand", "bench"][..],
-        &["dockhand", "bench", "--backend", "mysql"],
+        &["dockhand", "bench", "--backend", "oracle"],
         &["dockhand", "bench", "--backend", "sqlite", "--n", "0"],
         &["dockhand", "bench", "--backend", "sqlite", "--n", "-3"],
         &[
@@ -193,4 +197,44 @@ async fn postgres_runs_every_workload_in_fresh_schemas() {
     .unwrap();
     pool.close().await;
     assert_eq!(left, 0, "schema {schema} is dropped");
+}
+
+#[test]
+fn mysql_without_a_url_names_the_flag() {
+    let e = target(BenchBackend::Mysql, Some("postgres://h/db")).unwrap_err();
+    assert!(e.to_string().contains("mysql://"), "{e}");
+    if std::env::var(TEST_MYSQL_URL_ENV).is_err() {
+        let e = target(BenchBackend::Mysql, None).unwrap_err();
+        assert!(e.to_string().contains("--database-url"), "{e}");
+    }
+    assert!(matches!(
+        target(BenchBackend::Mysql, Some("mariadb://root@h/test")),
+        Ok(db::Target::Mysql(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_runs_every_workload_in_fresh_databases() {
+    let Ok(url) = std::env::var(TEST_MYSQL_URL_ENV) else {
+        eprintln!("SKIPPED: set {TEST_MYSQL_URL_ENV} to run the MySQL bench test");
+        return;
+    };
+    let ms = short_run(db::Target::Mysql(url.clone()), false).await;
+    check(&ms, "dockhand-mysql", "mysql-flush_log_at_trx_commit-");
+    // The database is gone afterwards.
+    let fresh = db::Fresh::open(&db::Target::Mysql(url.clone()), false)
+        .await
+        .unwrap();
+    let name = fresh.location();
+    fresh.remove().await;
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    let left: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?",
+    )
+    .bind(&name)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    assert_eq!(left, 0, "database {name} is dropped");
 }

@@ -90,7 +90,9 @@ pub async fn s_c1_two_pipelines_race_for_one_item(db: TestDb) {
         1,
         "exactly one pipeline got the item"
     );
-    // And raw contention: 16 claimers at once, one descriptor, no error.
+    // And raw contention: 16 claimers at once, one descriptor, no error. The job ids are
+    // unused ones (a claim taken for an existing final job, like alpha's or beta's, is given
+    // back at once, which would leave no winner).
     let jobs = rt.jobs();
     let mut tasks = Vec::new();
     for i in 0..16 {
@@ -98,7 +100,7 @@ pub async fn s_c1_two_pipelines_race_for_one_item(db: TestDb) {
         tasks.push(tokio::spawn(async move {
             jobs.claim(
                 id("item-2"),
-                Some(i),
+                Some(1000 + i),
                 Duration::minutes(5),
                 CompletionConfig::default(),
                 false,

@@ -1,0 +1,187 @@
+//! MySQL: the terminal bridge's transaction (J4) — the one place a job gets its final status,
+//! together with completing (success) or deleting (failure) the item claims it owns and writing
+//! its lifecycle event, all in one transaction. A batch child's transaction also bumps its
+//! parent's counters and, when that makes a fenced parent due, enqueues the parent's finalize
+//! action.
+//!
+//! Lock order: the job row (`FOR UPDATE`), then its claims in id order, then (for a batch
+//! child) the parent row. Batch transactions lock a parent before its worklist and its claims
+//! and never lock a child row, so the two orders cannot form a cycle. If completing a claim
+//! fails, the whole transaction rolls back and [`BridgeOutcome::ClaimCompletionFailed`] is
+//! returned; the caller then finishes the job as `failed / item_claim_completion_failed`,
+//! which releases the claims. The transaction runs inside [`retry_deadlocks`].
+
+use super::claims::{config_from, handler_failed, settle};
+use super::connect::retry_deadlocks;
+use super::fence::child_finished;
+use super::jobs::{opt_text, read_job, text};
+use super::{ms, MySqlStore};
+use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identity};
+use crate::error::{Error, Result};
+use crate::jobs::BridgeOutcome;
+use crate::state::JobStatus;
+use chrono::{DateTime, Utc};
+use sqlx::{MySqlConnection, Row};
+
+pub(super) async fn finish_job(
+    store: &MySqlStore,
+    job_id: i64,
+    status: JobStatus,
+    reason: Option<&str>,
+    completions: &CompletionRegistry,
+    now: DateTime<Utc>,
+) -> Result<BridgeOutcome> {
+    if !status.is_final() {
+        return Err(Error::invalid(
+            "job status",
+            format!("cannot finish job {job_id} as {status}: not a final status"),
+        ));
+    }
+    let (outcome, finalize) = retry_deadlocks("finish_job", move || {
+        finish_once(store, job_id, status, reason, completions, now)
+    })
+    .await?;
+    if finalize {
+        store.wake.notify();
+    }
+    Ok(outcome)
+}
+
+/// One attempt of [`finish_job`]; the flag says a due finalize action was enqueued.
+async fn finish_once(
+    store: &MySqlStore,
+    job_id: i64,
+    status: JobStatus,
+    reason: Option<&str>,
+    completions: &CompletionRegistry,
+    now: DateTime<Utc>,
+) -> Result<(BridgeOutcome, bool)> {
+    let op = "finish_job";
+    let mut tx = store.begin(op).await?;
+    let Some(job) = read_job(&mut tx, job_id, true).await? else {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Err(Error::NotFound {
+            what: "job",
+            id: job_id,
+        });
+    };
+    if job.status.is_final() {
+        tx.rollback().await.map_err(Error::db(op))?;
+        let outcome = BridgeOutcome::AlreadyFinal {
+            status: job.status,
+            reason: job.reason,
+        };
+        return Ok((outcome, false));
+    }
+    if status.is_success() {
+        if let Err(error) = complete_owned_claims(&mut tx, job_id, completions, now).await? {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok((BridgeOutcome::ClaimCompletionFailed { error }, false));
+        }
+    } else {
+        sqlx::query("DELETE FROM dockhand_item_claims WHERE job_id = ? AND status = 'claimed'")
+            .bind(job_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db("finish_job (release claims)"))?;
+    }
+    let done = sqlx::query(
+        "UPDATE dockhand_jobs SET status = ?, reason = ?, finished_at = ?, updated_at = ?
+         WHERE id = ? AND status = ?",
+    )
+    .bind(status.as_str())
+    .bind(reason)
+    .bind(ms(now))
+    .bind(ms(now))
+    .bind(job_id)
+    .bind(job.status.as_str())
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    if done.rows_affected() != 1 {
+        // Unreachable while the row lock holds; never report a write that did not happen.
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Err(Error::Config(format!(
+            "finish_job: job {job_id} changed under its row lock"
+        )));
+    }
+    sqlx::query(
+        "INSERT INTO dockhand_job_events (job_id, status, reason, created_at)
+         VALUES (?, ?, ?, ?)",
+    )
+    .bind(job_id)
+    .bind(status.as_str())
+    .bind(reason)
+    .bind(ms(now))
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("finish_job (event)"))?;
+    let finalize = match job.parent_id {
+        Some(parent) => child_finished(&mut tx, parent, status, now).await?,
+        None => false,
+    };
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok((BridgeOutcome::Finished, finalize))
+}
+
+/// Completes every claim `job_id` still holds, in id order (locking each), running each one's
+/// handler on the open transaction. The inner `Err` is a completion failure (the caller rolls
+/// back); the outer one a database error.
+async fn complete_owned_claims(
+    conn: &mut MySqlConnection,
+    job_id: i64,
+    completions: &CompletionRegistry,
+    now: DateTime<Utc>,
+) -> Result<std::result::Result<(), String>> {
+    let rows = sqlx::query(
+        "SELECT id, scope, source_type, item_id, token, completion FROM dockhand_item_claims
+         WHERE job_id = ? AND status = 'claimed'
+         ORDER BY id
+         FOR UPDATE",
+    )
+    .bind(job_id)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db("finish_job (claims)"))?;
+    let d = || Error::db("decode item claim");
+    for row in rows {
+        let id: i64 = row.try_get("id").map_err(d())?;
+        let identity = Identity {
+            scope: text(&row, "scope")?,
+            source_type: text(&row, "source_type")?,
+            item_id: text(&row, "item_id")?,
+        };
+        let item = &identity.item_id;
+        let token = opt_text(&row, "token")?;
+        let completion = opt_text(&row, "completion")?;
+        let config = match config_from(id, completion.as_deref()) {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(format!("item {item}: {e}"))),
+        };
+        let handler = match completions.resolve(&config) {
+            Ok(h) => h,
+            Err(e) => return Ok(Err(format!("item {item}: {e}"))),
+        };
+        if let Some(handler) = handler {
+            let ctx = CompletionContext {
+                token: token.unwrap_or_default(),
+                job_id: Some(job_id),
+                payload: config.payload.clone(),
+                now,
+                identity: identity.clone(),
+            };
+            if let Err(msg) = handler
+                .complete(CompletionTx::MySql(&mut *conn), &ctx)
+                .await
+            {
+                return Ok(Err(handler_failed(item, &msg)));
+            }
+        }
+        settle(conn, id, config.retain_processed, now).await?;
+    }
+    Ok(Ok(()))
+}
+
+#[cfg(test)]
+#[path = "concurrency_tests.rs"]
+mod concurrency_tests;

@@ -1,0 +1,175 @@
+//! MySQL: claiming due actions and heartbeating their leases.
+//!
+//! Claim (Q3), one transaction: `SELECT id … WHERE status = 'pending' AND scheduled_at <= now
+//! ORDER BY priority, scheduled_at, id LIMIT n FOR UPDATE SKIP LOCKED` over the index
+//! `(status, priority, scheduled_at, id)` (concurrent claimers take disjoint rows without
+//! waiting), then one `UPDATE … WHERE id IN (…)` stamping the lease, the rows read back, and one
+//! multi-row insert of `started` log rows.
+
+use super::{from_ms, ms, opt_text, retry_deadlocks, text, MySqlStore};
+use crate::error::{Error, Result};
+use crate::store::{ClaimRequest, ClaimedAction, Lease};
+use chrono::{DateTime, Utc};
+use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
+
+pub(super) async fn claim(
+    store: &MySqlStore,
+    req: &ClaimRequest<'_>,
+) -> Result<Vec<ClaimedAction>> {
+    if req.limit <= 0 || req.hooks.is_some_and(|h| h.is_empty()) {
+        return Ok(Vec::new());
+    }
+    retry_deadlocks("claim", || async move {
+        let mut tx = store.begin("claim").await?;
+        let claimed = claim_on(&mut tx, req).await?;
+        if claimed.is_empty() {
+            tx.rollback().await.map_err(Error::db("claim"))?;
+        } else {
+            tx.commit().await.map_err(Error::db("claim"))?;
+        }
+        Ok(claimed)
+    })
+    .await
+}
+
+async fn claim_on(
+    conn: &mut MySqlConnection,
+    req: &ClaimRequest<'_>,
+) -> Result<Vec<ClaimedAction>> {
+    let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+        "SELECT id FROM dockhand_actions WHERE status = 'pending' AND scheduled_at <= ",
+    );
+    qb.push_bind(ms(req.now));
+    if let Some(hooks) = req.hooks {
+        qb.push(" AND hook IN (");
+        let mut sep = qb.separated(", ");
+        for h in hooks {
+            sep.push_bind(h.as_str());
+        }
+        qb.push(")");
+    }
+    qb.push(" ORDER BY priority, scheduled_at, id LIMIT ")
+        .push_bind(req.limit)
+        .push(" FOR UPDATE SKIP LOCKED");
+    let ids: Vec<i64> = qb
+        .build_query_scalar()
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(Error::db("claim"))?;
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+        "UPDATE dockhand_actions SET status = 'running', lease_token = lease_token + 1,
+         attempt = attempt + 1, lease_owner = ",
+    );
+    qb.push_bind(req.owner)
+        .push(", lease_until = ")
+        .push_bind(ms(req.lease_until))
+        .push(", started_at = ")
+        .push_bind(ms(req.now))
+        .push(" WHERE status = 'pending' AND id IN (");
+    push_ids(&mut qb, &ids);
+    qb.push(")");
+    qb.build()
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::db("claim"))?;
+    let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+        "SELECT id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms,
+         lease_token FROM dockhand_actions WHERE id IN (",
+    );
+    push_ids(&mut qb, &ids);
+    qb.push(") ORDER BY priority, scheduled_at, id");
+    let rows = qb
+        .build()
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(Error::db("claim"))?;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        let d = || Error::db("claim");
+        let id: i64 = row.try_get("id").map_err(d())?;
+        let args_text = text(&row, "args").map_err(d())?;
+        let args = serde_json::from_str(&args_text).map_err(|e| Error::Corrupt {
+            what: "action",
+            id,
+            message: format!("args: {e}"),
+        })?;
+        claimed.push(ClaimedAction {
+            id,
+            hook: text(&row, "hook").map_err(d())?,
+            args,
+            group: opt_text(&row, "group_name").map_err(d())?,
+            scheduled_at: from_ms(row.try_get("scheduled_at").map_err(d())?),
+            attempt: row.try_get("attempt").map_err(d())?,
+            max_attempts: row.try_get("max_attempts").map_err(d())?,
+            timeout_ms: row.try_get("timeout_ms").map_err(d())?,
+            token: row.try_get("lease_token").map_err(d())?,
+        });
+    }
+    let mut qb: QueryBuilder<MySql> =
+        QueryBuilder::new("INSERT INTO dockhand_action_logs (action_id, at, event, detail) ");
+    qb.push_values(&claimed, |mut b, c| {
+        b.push_bind(c.id)
+            .push_bind(ms(req.now))
+            .push("'started'")
+            .push_bind(req.owner);
+    });
+    qb.build()
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::db("claim (log)"))?;
+    Ok(claimed)
+}
+
+/// Appends `id, id, …` as bound parameters.
+pub(super) fn push_ids(qb: &mut QueryBuilder<'_, MySql>, ids: &[i64]) {
+    let mut sep = qb.separated(", ");
+    for id in ids {
+        sep.push_bind(*id);
+    }
+}
+
+pub(super) async fn heartbeat(
+    store: &MySqlStore,
+    owner: &str,
+    leases: &[Lease],
+    until: DateTime<Utc>,
+) -> Result<u64> {
+    if leases.is_empty() {
+        return Ok(0);
+    }
+    retry_deadlocks("heartbeat", || async move {
+        let mut total = 0;
+        // Three parameters per lease: stay far below the 65,535-parameter limit.
+        for chunk in leases.chunks(10_000) {
+            let mut qb: QueryBuilder<MySql> =
+                QueryBuilder::new("UPDATE dockhand_actions SET lease_until = ");
+            qb.push_bind(ms(until))
+                .push(" WHERE status = 'running' AND lease_owner = ")
+                .push_bind(owner)
+                .push(" AND id IN (");
+            let ids: Vec<i64> = chunk.iter().map(|l| l.id).collect();
+            push_ids(&mut qb, &ids);
+            qb.push(") AND (");
+            let mut sep = qb.separated(" OR ");
+            for l in chunk {
+                sep.push("(id = ")
+                    .push_bind_unseparated(l.id)
+                    .push_unseparated(" AND lease_token = ")
+                    .push_bind_unseparated(l.token)
+                    .push_unseparated(")");
+            }
+            qb.push(")");
+            let done = qb
+                .build()
+                .execute(store.pool())
+                .await
+                .map_err(Error::db("heartbeat"))?;
+            total += done.rows_affected();
+        }
+        Ok(total)
+    })
+    .await
+}

@@ -1,0 +1,420 @@
+//! MySQL: item claims (C2–C6) — claim, takeover and reprocess on the locked row,
+//! token-guarded completion with the handler on the same transaction, release, listing — and
+//! reading the tracked-items ledger (C8).
+//!
+//! A claim runs `INSERT … ON DUPLICATE KEY UPDATE id = id` on the identity hash: it inserts the
+//! row, or (on a duplicate) takes an exclusive lock on the existing one without changing it, so
+//! 16–64 tasks racing for one item queue on that row lock and never see a duplicate-key error.
+//! The row is then read back under the lock and the takeover rules of the SQLite upsert are
+//! applied in Rust; a takeover is an `UPDATE` by id in the same transaction.
+//!
+//! The unique index is the identity hash (which distinguishes identities exactly); statements
+//! also compare the identity's parts, and the parts read back are compared in Rust, so a
+//! (theoretical) hash collision is reported, never merged. Binary collations pad trailing spaces
+//! for `=`, so tokens and the scope filter compare as `CAST(… AS BINARY)`.
+
+use super::connect::retry_deadlocks;
+use super::jobs::{opt_text, text};
+use super::{from_ms, ms, MySqlStore};
+use crate::claims::ledger::TrackedItem;
+use crate::claims::{
+    ClaimFilter, ClaimItemRequest, ClaimOutcome, ClaimStatus, CompleteOutcome, CompletionConfig,
+    CompletionContext, CompletionHandler, CompletionTx, Descriptor, Identity, ItemClaim,
+};
+use crate::error::{Error, Result};
+use chrono::{DateTime, Utc};
+use sqlx::mysql::MySqlRow;
+use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
+use std::sync::Arc;
+
+const CLAIM_COLUMNS: &str = "id, scope, source_type, item_id, status, token, job_id, completion,
+    claimed_at, expires_at, processed_at";
+
+/// The parts guard, binding scope, source type and item id after the hash.
+const MATCHES: &str = "identity_hash = ? AND scope = ? AND source_type = ? AND item_id = ?";
+
+/// The token guard (exact: no trailing-space padding), binding the token.
+const TOKEN_IS: &str = "CAST(token AS BINARY) = CAST(? AS BINARY)";
+
+/// Inserts a fresh claim, or locks the existing row of that identity unchanged.
+const INSERT_OR_LOCK: &str = "INSERT INTO dockhand_item_claims
+    (identity_hash, scope, source_type, item_id, status, token, job_id, completion,
+     claimed_at, expires_at)
+ VALUES (?, ?, ?, ?, 'claimed', ?, ?, ?, ?, ?)
+ ON DUPLICATE KEY UPDATE id = id";
+
+/// Encodes a completion config for the `completion` column.
+pub(super) fn config_json(config: &CompletionConfig) -> Result<String> {
+    serde_json::to_string(config).map_err(|e| Error::invalid("completion", e.to_string()))
+}
+
+/// Decodes a `completion` column (NULL: the default config).
+pub(super) fn config_from(id: i64, text: Option<&str>) -> Result<CompletionConfig> {
+    match text {
+        None => Ok(CompletionConfig::default()),
+        Some(t) => serde_json::from_str(t).map_err(|e| Error::Corrupt {
+            what: "item claim",
+            id,
+            message: format!("completion: {e}"),
+        }),
+    }
+}
+
+fn claim_from_row(row: &MySqlRow) -> Result<ItemClaim> {
+    let d = || Error::db("decode item claim");
+    let id: i64 = row.try_get("id").map_err(d())?;
+    let status = text(row, "status")?;
+    let completion = opt_text(row, "completion")?;
+    let time = |c: &str| -> Result<Option<DateTime<Utc>>> {
+        Ok(row.try_get::<Option<i64>, _>(c).map_err(d())?.map(from_ms))
+    };
+    Ok(ItemClaim {
+        identity: Identity {
+            scope: text(row, "scope")?,
+            source_type: text(row, "source_type")?,
+            item_id: text(row, "item_id")?,
+        },
+        status: status.parse::<ClaimStatus>().map_err(|e| Error::Corrupt {
+            what: "item claim",
+            id,
+            message: e.to_string(),
+        })?,
+        token: opt_text(row, "token")?,
+        job_id: row.try_get("job_id").map_err(d())?,
+        completion: completion
+            .as_deref()
+            .map(|t| config_from(id, Some(t)))
+            .transpose()?,
+        claimed_at: time("claimed_at")?,
+        expires_at: time("expires_at")?,
+        processed_at: time("processed_at")?,
+    })
+}
+
+/// Completes (`retain`: marks processed, keeping `job_id`) or deletes claim row `id` on the
+/// open transaction (the row is locked by the caller).
+pub(super) async fn settle(
+    conn: &mut MySqlConnection,
+    id: i64,
+    retain: bool,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let q = if retain {
+        sqlx::query(
+            "UPDATE dockhand_item_claims SET status = 'processed', processed_at = ?, token = NULL
+             WHERE id = ?",
+        )
+        .bind(ms(now))
+    } else {
+        sqlx::query("DELETE FROM dockhand_item_claims WHERE id = ?")
+    };
+    q.bind(id)
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::db("complete claim"))?;
+    Ok(())
+}
+
+/// The error a failed completion handler becomes, naming the item.
+pub(super) fn handler_failed(item_id: &str, msg: &str) -> String {
+    format!("handler failed for item {item_id}: {msg}")
+}
+
+pub(super) async fn claim_item(
+    store: &MySqlStore,
+    req: &ClaimItemRequest,
+    now: DateTime<Utc>,
+) -> Result<ClaimOutcome> {
+    req.identity.validate()?;
+    let expires = now
+        .checked_add_signed(req.ttl)
+        .ok_or_else(|| Error::invalid("ttl", format!("{} is out of range", req.ttl)))?;
+    let hash = req.identity.hash();
+    let config = config_json(&req.completion)?;
+    let (hash, config) = (hash.as_str(), config.as_str());
+    retry_deadlocks("claim_item", move || {
+        claim_once(store, req, hash, config, now, expires)
+    })
+    .await
+}
+
+/// One attempt of [`claim_item`]: insert or lock, read back, decide, take over.
+async fn claim_once(
+    store: &MySqlStore,
+    req: &ClaimItemRequest,
+    hash: &str,
+    config: &str,
+    now: DateTime<Utc>,
+    expires: DateTime<Utc>,
+) -> Result<ClaimOutcome> {
+    let op = "claim_item";
+    let identity = &req.identity;
+    let token = uuid::Uuid::new_v4().to_string();
+    let mut tx = store.begin(op).await?;
+    sqlx::query(INSERT_OR_LOCK)
+        .bind(hash)
+        .bind(&identity.scope)
+        .bind(&identity.source_type)
+        .bind(&identity.item_id)
+        .bind(&token)
+        .bind(req.job_id)
+        .bind(config)
+        .bind(ms(now))
+        .bind(ms(expires))
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+    let row = sqlx::query(&format!(
+        "SELECT {CLAIM_COLUMNS} FROM dockhand_item_claims WHERE identity_hash = ? FOR UPDATE"
+    ))
+    .bind(hash)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    let corrupt = |id: i64, message: String| Error::Corrupt {
+        what: "item claim",
+        id,
+        message,
+    };
+    let Some(row) = row else {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Err(corrupt(
+            0,
+            format!("identity {hash}: the insert left no row to read back"),
+        ));
+    };
+    let id: i64 = row.try_get("id").map_err(Error::db(op))?;
+    let existing = claim_from_row(&row)?;
+    if existing.identity != *identity {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Err(corrupt(
+            id,
+            format!(
+                "identity hash {hash} collides: stored parts differ from the requested identity"
+            ),
+        ));
+    }
+    let fresh = existing.status == ClaimStatus::Claimed
+        && existing.token.as_deref() == Some(token.as_str());
+    let same_job = existing.status == ClaimStatus::Claimed
+        && existing.job_id.is_some()
+        && existing.job_id == req.job_id;
+    let takeable = fresh
+        || same_job
+        || match existing.status {
+            ClaimStatus::Deferred => true,
+            ClaimStatus::Claimed => existing.expires_at.is_some_and(|e| ms(e) <= ms(now)),
+            ClaimStatus::Processed => req.reprocess,
+        };
+    if !takeable {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return match existing.status {
+            ClaimStatus::Processed => Ok(ClaimOutcome::AlreadyProcessed),
+            ClaimStatus::Claimed => Ok(ClaimOutcome::HeldByOther),
+            ClaimStatus::Deferred => Err(corrupt(
+                id,
+                format!("identity {hash}: deferred row was not claimable"),
+            )),
+        };
+    }
+    // A job re-claiming what it holds keeps its token (a retried step); others get a new one.
+    let token = match existing.token {
+        Some(held) if same_job => held,
+        _ => token,
+    };
+    if !fresh {
+        sqlx::query(
+            "UPDATE dockhand_item_claims
+             SET status = 'claimed', token = ?, job_id = ?, completion = ?, claimed_at = ?,
+                 expires_at = ?, processed_at = NULL
+             WHERE id = ?",
+        )
+        .bind(&token)
+        .bind(req.job_id)
+        .bind(config)
+        .bind(ms(now))
+        .bind(ms(expires))
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+    }
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok(ClaimOutcome::Claimed(Descriptor {
+        identity: identity.clone(),
+        token,
+        job_id: req.job_id,
+        completion: req.completion.clone(),
+    }))
+}
+
+pub(super) async fn get_claim(
+    store: &MySqlStore,
+    identity: &Identity,
+) -> Result<Option<ItemClaim>> {
+    let row = sqlx::query(&format!(
+        "SELECT {CLAIM_COLUMNS} FROM dockhand_item_claims WHERE {MATCHES}"
+    ))
+    .bind(identity.hash())
+    .bind(&identity.scope)
+    .bind(&identity.source_type)
+    .bind(&identity.item_id)
+    .fetch_optional(store.pool())
+    .await
+    .map_err(Error::db("get_claim"))?;
+    let claim = row.as_ref().map(claim_from_row).transpose()?;
+    Ok(claim.filter(|c| c.identity == *identity))
+}
+
+pub(super) async fn complete_claim(
+    store: &MySqlStore,
+    descriptor: &Descriptor,
+    handler: Option<Arc<dyn CompletionHandler>>,
+    now: DateTime<Utc>,
+) -> Result<CompleteOutcome> {
+    let handler = &handler;
+    retry_deadlocks("complete_claim", move || {
+        complete_once(store, descriptor, handler.clone(), now)
+    })
+    .await
+}
+
+/// One attempt of [`complete_claim`].
+async fn complete_once(
+    store: &MySqlStore,
+    descriptor: &Descriptor,
+    handler: Option<Arc<dyn CompletionHandler>>,
+    now: DateTime<Utc>,
+) -> Result<CompleteOutcome> {
+    let op = "complete_claim";
+    let identity = &descriptor.identity;
+    let mut tx = store.begin(op).await?;
+    let held = sqlx::query(&format!(
+        "SELECT id, job_id FROM dockhand_item_claims
+         WHERE {MATCHES} AND {TOKEN_IS} AND status = 'claimed'
+         FOR UPDATE"
+    ))
+    .bind(identity.hash())
+    .bind(&identity.scope)
+    .bind(&identity.source_type)
+    .bind(&identity.item_id)
+    .bind(&descriptor.token)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    let Some(held) = held else {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Ok(CompleteOutcome::Lost);
+    };
+    let id: i64 = held.try_get("id").map_err(Error::db(op))?;
+    let job_id: Option<i64> = held.try_get("job_id").map_err(Error::db(op))?;
+    if let Some(handler) = handler {
+        let ctx = CompletionContext {
+            identity: identity.clone(),
+            token: descriptor.token.clone(),
+            job_id,
+            payload: descriptor.completion.payload.clone(),
+            now,
+        };
+        if let Err(msg) = handler.complete(CompletionTx::MySql(&mut tx), &ctx).await {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Err(Error::invalid(
+                "completion",
+                handler_failed(&identity.item_id, &msg),
+            ));
+        }
+    }
+    settle(&mut tx, id, descriptor.completion.retain_processed, now).await?;
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok(CompleteOutcome::Completed)
+}
+
+pub(super) async fn release_claim(
+    store: &MySqlStore,
+    descriptor: &Descriptor,
+    defer: bool,
+) -> Result<bool> {
+    let identity = &descriptor.identity;
+    let sql = if defer {
+        format!(
+            "UPDATE dockhand_item_claims
+             SET status = 'deferred', token = NULL, job_id = NULL, expires_at = NULL
+             WHERE {MATCHES} AND {TOKEN_IS} AND status = 'claimed'"
+        )
+    } else {
+        format!(
+            "DELETE FROM dockhand_item_claims
+             WHERE {MATCHES} AND {TOKEN_IS} AND status = 'claimed'"
+        )
+    };
+    let (sql, hash) = (sql.as_str(), identity.hash());
+    let hash = hash.as_str();
+    retry_deadlocks("release_claim", move || async move {
+        let done = sqlx::query(sql)
+            .bind(hash)
+            .bind(&identity.scope)
+            .bind(&identity.source_type)
+            .bind(&identity.item_id)
+            .bind(&descriptor.token)
+            .execute(store.pool())
+            .await
+            .map_err(Error::db("release_claim"))?;
+        Ok(done.rows_affected() == 1)
+    })
+    .await
+}
+
+pub(super) async fn list_claims(store: &MySqlStore, f: &ClaimFilter) -> Result<Vec<ItemClaim>> {
+    let mut qb: QueryBuilder<MySql> = QueryBuilder::new(format!(
+        "SELECT {CLAIM_COLUMNS} FROM dockhand_item_claims WHERE 1 = 1"
+    ));
+    if let Some(s) = &f.scope {
+        // The plain `=` serves the (scope, status) index; the cast makes the match exact.
+        qb.push(" AND scope = ")
+            .push_bind(s.clone())
+            .push(" AND CAST(scope AS BINARY) = CAST(")
+            .push_bind(s.clone())
+            .push(" AS BINARY)");
+    }
+    if let Some(j) = f.job_id {
+        qb.push(" AND job_id = ").push_bind(j);
+    }
+    if let Some(s) = f.status {
+        qb.push(" AND status = ").push_bind(s.as_str());
+    }
+    let limit = if f.limit <= 0 { 100 } else { f.limit };
+    qb.push(" ORDER BY id LIMIT ").push_bind(limit);
+    let rows = qb
+        .build()
+        .fetch_all(store.pool())
+        .await
+        .map_err(Error::db("list_claims"))?;
+    rows.iter().map(claim_from_row).collect()
+}
+
+pub(super) async fn tracked_item(
+    store: &MySqlStore,
+    namespace: &str,
+    item_id: &str,
+) -> Result<Option<TrackedItem>> {
+    let row = sqlx::query(
+        "SELECT namespace, item_id, revision, last_job, updated_at
+         FROM dockhand_tracked_items WHERE item_hash = ? AND namespace = ? AND item_id = ?",
+    )
+    .bind(super::ledger::item_hash(namespace, item_id))
+    .bind(namespace)
+    .bind(item_id)
+    .fetch_optional(store.pool())
+    .await
+    .map_err(Error::db("tracked_item"))?;
+    let Some(r) = row else { return Ok(None) };
+    let d = || Error::db("tracked_item");
+    let item = TrackedItem {
+        namespace: text(&r, "namespace")?,
+        item_id: text(&r, "item_id")?,
+        revision: r.try_get("revision").map_err(d())?,
+        last_job: r.try_get("last_job").map_err(d())?,
+        updated_at: from_ms(r.try_get("updated_at").map_err(d())?),
+    };
+    Ok((item.namespace == namespace && item.item_id == item_id).then_some(item))
+}

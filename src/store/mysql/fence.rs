@@ -1,0 +1,394 @@
+//! MySQL: the end of a batch (B2, B3, B5, B6, B8) — the fence, aborts, the batch state read,
+//! worklist cleanup, and the parent counters each child's terminal transaction bumps
+//! ([`child_finished`], called by the bridge in its transaction). Also the helpers `batch`
+//! shares: locking the parent row, releasing sidecar claims by token ([`release_sidecars`]) and
+//! decoding a job status.
+//!
+//! Lock order in every batch transaction: the parent job row (`FOR UPDATE`), then worklist rows,
+//! then item claims. Sidecar tokens are read from the locked rows' sidecar JSON in Rust: a
+//! sidecar that is not a JSON array names no token, so its claims stay with the parent until
+//! the parent's terminal bridge settles them.
+
+use super::batch::enqueue_due;
+use super::connect::retry_deadlocks;
+use super::jobs::{opt_text, text};
+use super::MySqlStore;
+use crate::batch::{finalize_action, BatchAbort, BatchState, FenceOutcome};
+use crate::error::{Error, Result};
+use crate::state::JobStatus;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::mysql::MySqlRow;
+use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
+
+/// Tokens per `DELETE`/`UPDATE … IN (…)` statement.
+pub(super) const TOKENS_PER_STATEMENT: usize = 1_000;
+
+/// A stored job status, or a corrupt-row error naming the job.
+pub(super) fn job_status(id: i64, text: &str) -> Result<JobStatus> {
+    text.parse().map_err(|e: Error| Error::Corrupt {
+        what: "job",
+        id,
+        message: e.to_string(),
+    })
+}
+
+fn not_a_batch(parent: i64) -> Error {
+    Error::invalid("job", format!("job {parent} is not a batch parent"))
+}
+
+/// The parent row as [`lock_parent`] reads it.
+pub(super) struct ParentRow {
+    /// The stored status text.
+    pub status: String,
+    /// `scheduling`, `fenced`, or `None` when the job is not a batch parent.
+    pub batch_state: Option<String>,
+    /// Children created.
+    pub children_total: i64,
+    /// Children final.
+    pub children_terminal: i64,
+}
+
+/// Locks job `parent` (`FOR UPDATE`) on the open transaction and reads it; `None` when missing.
+pub(super) async fn lock_parent(
+    conn: &mut MySqlConnection,
+    parent: i64,
+    op: &'static str,
+) -> Result<Option<ParentRow>> {
+    let row = sqlx::query(
+        "SELECT status, batch_state, children_total, children_terminal
+         FROM dockhand_jobs WHERE id = ? FOR UPDATE",
+    )
+    .bind(parent)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    let Some(row) = row else { return Ok(None) };
+    let d = || Error::db(op);
+    Ok(Some(ParentRow {
+        status: text(&row, "status")?,
+        batch_state: opt_text(&row, "batch_state")?,
+        children_total: row.try_get::<i64, _>("children_total").map_err(d())?,
+        children_terminal: row.try_get::<i64, _>("children_terminal").map_err(d())?,
+    }))
+}
+
+/// Locks batch parent `parent`: its row, or the error for a missing job or a job that is not a
+/// batch parent (the inner error).
+async fn batch_parent(
+    conn: &mut MySqlConnection,
+    parent: i64,
+    op: &'static str,
+) -> Result<Result<ParentRow>> {
+    Ok(match lock_parent(conn, parent, op).await? {
+        None => Err(Error::NotFound {
+            what: "job",
+            id: parent,
+        }),
+        Some(p) if p.batch_state.is_none() => Err(not_a_batch(parent)),
+        Some(p) => Ok(p),
+    })
+}
+
+/// The `token` strings of the descriptors in a sidecar; nothing when it is not a JSON array.
+fn sidecar_tokens(sidecar: &str, into: &mut Vec<String>) {
+    if let Ok(Value::Array(items)) = serde_json::from_str::<Value>(sidecar) {
+        into.extend(
+            items
+                .iter()
+                .filter_map(|d| d.get("token").and_then(Value::as_str))
+                .map(str::to_string),
+        );
+    }
+}
+
+/// Which worklist rows' sidecars to release.
+pub(super) enum Rows {
+    /// One row by index.
+    Idx(i32),
+    /// Every `ready` row.
+    Ready,
+}
+
+/// Deletes the claims parent `parent` still holds whose tokens are in the sidecars of the
+/// chosen worklist rows (locking those rows first).
+pub(super) async fn release_sidecars(
+    conn: &mut MySqlConnection,
+    parent: i64,
+    rows: Rows,
+    op: &'static str,
+) -> Result<()> {
+    let found: Vec<MySqlRow> = match rows {
+        Rows::Idx(idx) => sqlx::query(
+            "SELECT sidecar FROM dockhand_worklist WHERE parent_id = ? AND idx = ? FOR UPDATE",
+        )
+        .bind(parent)
+        .bind(idx),
+        Rows::Ready => sqlx::query(
+            "SELECT sidecar FROM dockhand_worklist WHERE parent_id = ? AND state = 'ready'
+             ORDER BY idx FOR UPDATE",
+        )
+        .bind(parent),
+    }
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    let mut tokens = Vec::new();
+    for row in &found {
+        sidecar_tokens(&text(row, "sidecar")?, &mut tokens);
+    }
+    tokens.sort_unstable();
+    tokens.dedup();
+    for chunk in tokens.chunks(TOKENS_PER_STATEMENT) {
+        let mut qb: QueryBuilder<MySql> =
+            QueryBuilder::new("DELETE FROM dockhand_item_claims WHERE job_id = ");
+        qb.push_bind(parent)
+            .push(" AND status = 'claimed' AND CAST(token AS BINARY) IN (");
+        let mut sep = qb.separated(", ");
+        for t in chunk {
+            sep.push("CAST(")
+                .push_bind_unseparated(t)
+                .push_unseparated(" AS BINARY)");
+        }
+        qb.push(")");
+        qb.build()
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(op))?;
+    }
+    Ok(())
+}
+
+pub(super) async fn fence_batch(
+    store: &MySqlStore,
+    parent: i64,
+    now: DateTime<Utc>,
+) -> Result<FenceOutcome> {
+    let op = "fence_batch";
+    let (outcome, due) = retry_deadlocks(op, move || async move {
+        let mut tx = store.begin(op).await?;
+        let p = match batch_parent(&mut tx, parent, op).await? {
+            Ok(p) => p,
+            Err(e) => {
+                tx.rollback().await.map_err(Error::db(op))?;
+                return Err(e);
+            }
+        };
+        let row = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(state = 'ready'), 0) AS SIGNED) AS ready,
+                    CAST(COALESCE(SUM(state = 'leased'), 0) AS SIGNED) AS leased
+             FROM dockhand_worklist WHERE parent_id = ?",
+        )
+        .bind(parent)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+        let ready: i64 = row.try_get("ready").map_err(Error::db(op))?;
+        let leased: i64 = row.try_get("leased").map_err(Error::db(op))?;
+        if ready + leased > 0 {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok((FenceOutcome::Outstanding { ready, leased }, false));
+        }
+        sqlx::query(
+            "UPDATE dockhand_jobs SET batch_state = 'fenced'
+             WHERE id = ? AND batch_state <> 'fenced'",
+        )
+        .bind(parent)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+        let finalize =
+            p.children_terminal == p.children_total && !job_status(parent, &p.status)?.is_final();
+        let due = finalize && enqueue_due(&mut tx, &finalize_action(parent, now), now).await?;
+        tx.commit().await.map_err(Error::db(op))?;
+        let outcome = FenceOutcome::Fenced {
+            finalize_enqueued: finalize,
+        };
+        Ok((outcome, due))
+    })
+    .await?;
+    if due {
+        store.wake.notify();
+    }
+    Ok(outcome)
+}
+
+pub(super) async fn abort_batch(
+    store: &MySqlStore,
+    parent: i64,
+    why: BatchAbort,
+) -> Result<BatchState> {
+    let (row_error, outcome) = match why {
+        BatchAbort::ScheduleFailed => ("batch_schedule_failed", "batch_schedule_failed"),
+        BatchAbort::Cancel => ("cancelled", "cancel_requested"),
+    };
+    let op = "abort_batch";
+    retry_deadlocks(op, move || async move {
+        let mut tx = store.begin(op).await?;
+        if let Err(e) = batch_parent(&mut tx, parent, op).await? {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Err(e);
+        }
+        release_sidecars(&mut tx, parent, Rows::Ready, "abort_batch (release claims)").await?;
+        sqlx::query(
+            "UPDATE dockhand_worklist
+             SET state = 'discarded', error = ?, lease_owner = NULL, lease_until = NULL
+             WHERE parent_id = ? AND state = 'ready'",
+        )
+        .bind(row_error)
+        .bind(parent)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+        sqlx::query(
+            "UPDATE dockhand_jobs
+             SET batch_outcome = COALESCE(batch_outcome, ?), batch_state = 'fenced'
+             WHERE id = ?",
+        )
+        .bind(outcome)
+        .bind(parent)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+        let state = read_state(&mut tx, parent).await?.unwrap_or_default();
+        tx.commit().await.map_err(Error::db(op))?;
+        Ok(state)
+    })
+    .await
+}
+
+/// The parent's batch fields and worklist counts in one statement (one snapshot); `None` when
+/// the job is missing or not a batch parent.
+async fn read_state(conn: &mut MySqlConnection, parent: i64) -> Result<Option<BatchState>> {
+    let row = sqlx::query(
+        "SELECT j.status, j.batch_state, j.batch_outcome, j.chunk_size, j.child_step,
+            j.items_total, j.children_total, j.children_terminal, j.children_completed,
+            j.children_failed, j.children_skipped,
+            CAST(COALESCE(w.ready, 0) AS SIGNED) AS ready,
+            CAST(COALESCE(w.leased, 0) AS SIGNED) AS leased,
+            CAST(COALESCE(w.completed, 0) AS SIGNED) AS completed_rows,
+            CAST(COALESCE(w.discarded, 0) AS SIGNED) AS discarded_rows
+         FROM dockhand_jobs j LEFT JOIN (
+            SELECT parent_id, SUM(state = 'ready') AS ready, SUM(state = 'leased') AS leased,
+                SUM(state = 'completed') AS completed, SUM(state = 'discarded') AS discarded
+            FROM dockhand_worklist WHERE parent_id = ? GROUP BY parent_id
+         ) w ON w.parent_id = j.id
+         WHERE j.id = ? AND j.batch_state IS NOT NULL",
+    )
+    .bind(parent)
+    .bind(parent)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(Error::db("batch_state"))?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let d = || Error::db("decode batch state");
+    let int = |c: &str| -> Result<i64> { row.try_get::<i64, _>(c).map_err(d()) };
+    let opt_int = |c: &str| -> Result<i32> {
+        Ok(row.try_get::<Option<i32>, _>(c).map_err(d())?.unwrap_or(0))
+    };
+    let status = text(&row, "status")?;
+    let batch = text(&row, "batch_state")?;
+    Ok(Some(BatchState {
+        status: Some(job_status(parent, &status)?),
+        fenced: batch == "fenced",
+        outcome: opt_text(&row, "batch_outcome")?,
+        chunk_size: opt_int("chunk_size")?,
+        child_step: opt_int("child_step")?,
+        items_total: int("items_total")?,
+        children_total: int("children_total")?,
+        children_terminal: int("children_terminal")?,
+        children_completed: int("children_completed")?,
+        children_failed: int("children_failed")?,
+        children_skipped: int("children_skipped")?,
+        ready: int("ready")?,
+        leased: int("leased")?,
+        completed_rows: int("completed_rows")?,
+        discarded_rows: int("discarded_rows")?,
+    }))
+}
+
+pub(super) async fn batch_state(store: &MySqlStore, parent: i64) -> Result<Option<BatchState>> {
+    let mut conn = store
+        .pool()
+        .acquire()
+        .await
+        .map_err(Error::db("batch_state"))?;
+    read_state(&mut conn, parent).await
+}
+
+pub(super) async fn cleanup_worklist(store: &MySqlStore, parent: i64) -> Result<u64> {
+    let op = "cleanup_worklist";
+    let status: Option<String> = {
+        let row = sqlx::query("SELECT status FROM dockhand_jobs WHERE id = ?")
+            .bind(parent)
+            .fetch_optional(store.pool())
+            .await
+            .map_err(Error::db(op))?;
+        row.as_ref().map(|r| text(r, "status")).transpose()?
+    };
+    // A missing parent leaves orphan rows nothing protects: they go too.
+    if let Some(s) = status {
+        let status = job_status(parent, &s)?;
+        if !status.is_final() {
+            return Err(Error::invalid(
+                "job",
+                format!("job {parent} is {status}, not final: its worklist is still in use"),
+            ));
+        }
+    }
+    // A final status never changes again (nor does a job reappear): the read cannot go stale.
+    retry_deadlocks(op, move || async move {
+        let done = sqlx::query("DELETE FROM dockhand_worklist WHERE parent_id = ?")
+            .bind(parent)
+            .execute(store.pool())
+            .await
+            .map_err(Error::db(op))?;
+        Ok(done.rows_affected())
+    })
+    .await
+}
+
+/// In the bridge's transaction, after a child of `parent` became final with `status`: bumps
+/// the parent's terminal counter and the one for `status` (locking the parent row), and
+/// enqueues the parent's finalize action when its fence is set, every child is terminal and it
+/// is not final. Returns whether a due finalize action was enqueued (the caller wakes runners
+/// after its commit).
+pub(super) async fn child_finished(
+    conn: &mut MySqlConnection,
+    parent: i64,
+    status: JobStatus,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let column = match status {
+        JobStatus::Completed => "children_completed",
+        JobStatus::Failed | JobStatus::Cancelled => "children_failed",
+        JobStatus::Skipped | JobStatus::CompletedNoItems => "children_skipped",
+        JobStatus::Pending | JobStatus::Processing | JobStatus::Waiting => return Ok(false),
+    };
+    let op = "finish_job (parent counters)";
+    let done = sqlx::query(&format!(
+        "UPDATE dockhand_jobs
+         SET children_terminal = children_terminal + 1, {column} = {column} + 1
+         WHERE id = ?"
+    ))
+    .bind(parent)
+    .execute(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    if done.rows_affected() == 0 {
+        return Ok(false);
+    }
+    // The row is locked by the update above: this read sees the counters just written.
+    let Some(p) = lock_parent(conn, parent, op).await? else {
+        return Ok(false);
+    };
+    if p.batch_state.as_deref() != Some("fenced")
+        || p.children_terminal != p.children_total
+        || job_status(parent, &p.status)?.is_final()
+    {
+        return Ok(false);
+    }
+    enqueue_due(conn, &finalize_action(parent, now), now).await
+}

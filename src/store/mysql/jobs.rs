@@ -1,0 +1,484 @@
+//! MySQL: job rows and their step transitions (create, start, advance, park, resume), engine
+//! data, the lifecycle-event outbox and content-addressed packets. Also the text-column
+//! helpers the other job, claim and batch files share.
+//!
+//! Every transition is a compare-and-swap on (`id`, `step_index`, `status`) or runs on the job
+//! row locked with `SELECT … FOR UPDATE`; a step action is enqueued with [`enqueue_one`] in the
+//! same transaction that moves the job. Every write transaction runs inside
+//! [`retry_deadlocks`], so a deadlock or lock-wait timeout re-runs the whole transaction.
+//!
+//! Text columns use a binary collation, which MySQL reports with the `BINARY` column flag, so
+//! they are decoded with [`text`] and [`opt_text`] (unchecked UTF-8, see `connect`). Binary
+//! collations are `PAD SPACE` for `=`: where a filter must match exactly, it compares
+//! `CAST(… AS BINARY)`.
+
+use super::connect::retry_deadlocks;
+use super::{enqueue::enqueue_one, from_ms, ms, MySqlStore};
+use crate::error::{Error, Result};
+use crate::jobs::packets::EncodedPacket;
+use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction};
+use crate::state::JobStatus;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::mysql::MySqlRow;
+use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
+
+/// The columns [`job_from_row`] decodes.
+pub(super) const JOB_COLUMNS: &str = "id, pipeline, status, reason, step_index, input_refs,
+    engine_version, parent_id, created_at, updated_at, finished_at";
+
+/// A non-null text column of a binary-collated table (see [`super::connect::text`]).
+pub(super) fn text(row: &MySqlRow, col: &str) -> Result<String> {
+    super::connect::text(row, col).map_err(Error::db("decode text column"))
+}
+
+/// A nullable text column of a binary-collated table (see [`super::connect::opt_text`]).
+pub(super) fn opt_text(row: &MySqlRow, col: &str) -> Result<Option<String>> {
+    super::connect::opt_text(row, col).map_err(Error::db("decode text column"))
+}
+
+/// Decodes a job row selected with [`JOB_COLUMNS`].
+pub(super) fn job_from_row(row: &MySqlRow) -> Result<Job> {
+    let d = || Error::db("decode job");
+    let id: i64 = row.try_get("id").map_err(d())?;
+    let corrupt = |message: String| Error::Corrupt {
+        what: "job",
+        id,
+        message,
+    };
+    let status = text(row, "status")?;
+    let refs = text(row, "input_refs")?;
+    Ok(Job {
+        id,
+        pipeline: text(row, "pipeline")?,
+        status: status
+            .parse::<JobStatus>()
+            .map_err(|e| corrupt(e.to_string()))?,
+        reason: opt_text(row, "reason")?,
+        step_index: row.try_get("step_index").map_err(d())?,
+        input_refs: serde_json::from_str(&refs).map_err(|e| corrupt(format!("input_refs: {e}")))?,
+        engine_version: row.try_get("engine_version").map_err(d())?,
+        parent_id: row.try_get("parent_id").map_err(d())?,
+        created_at: from_ms(row.try_get("created_at").map_err(d())?),
+        updated_at: from_ms(row.try_get("updated_at").map_err(d())?),
+        finished_at: row
+            .try_get::<Option<i64>, _>("finished_at")
+            .map_err(d())?
+            .map(from_ms),
+    })
+}
+
+/// One job, read on `conn`; `lock` adds `FOR UPDATE` (inside a write transaction).
+pub(super) async fn read_job(
+    conn: &mut MySqlConnection,
+    id: i64,
+    lock: bool,
+) -> Result<Option<Job>> {
+    let row = sqlx::query(&format!(
+        "SELECT {JOB_COLUMNS} FROM dockhand_jobs WHERE id = ?{}",
+        if lock { " FOR UPDATE" } else { "" }
+    ))
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(Error::db("get_job"))?;
+    row.as_ref().map(job_from_row).transpose()
+}
+
+fn refs_json(refs: &[String]) -> Result<String> {
+    serde_json::to_string(refs).map_err(|e| Error::invalid("input_refs", e.to_string()))
+}
+
+/// Enqueues step `step` of `job` on the open transaction; true when the action is due now.
+async fn enqueue_step(
+    conn: &mut MySqlConnection,
+    template: &StepAction,
+    job: i64,
+    step: i32,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let action = template.action(job, step, now);
+    enqueue_one(conn, &action, now).await?;
+    Ok(action.scheduled_at <= now)
+}
+
+pub(super) async fn create_job(
+    store: &MySqlStore,
+    job: &NewJob,
+    now: DateTime<Utc>,
+) -> Result<i64> {
+    let op = "create_job";
+    let refs = refs_json(&job.input_refs)?;
+    let data = serde_json::to_string(&job.engine_data)
+        .map_err(|e| Error::invalid("engine_data", e.to_string()))?;
+    let (refs, data) = (refs.as_str(), data.as_str());
+    let (id, due) = retry_deadlocks(op, move || async move {
+        let mut tx = store.begin(op).await?;
+        let done = sqlx::query(
+            "INSERT INTO dockhand_jobs
+                (pipeline, status, step_index, input_refs, engine_data, engine_version,
+                 created_at, updated_at)
+             VALUES (?, 'pending', 0, ?, ?, 0, ?, ?)",
+        )
+        .bind(&job.pipeline)
+        .bind(refs)
+        .bind(data)
+        .bind(ms(now))
+        .bind(ms(now))
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+        let id = inserted_id(done.last_insert_id(), op)?;
+        let due = enqueue_step(&mut tx, &job.step, id, 0, now).await?;
+        tx.commit().await.map_err(Error::db(op))?;
+        Ok((id, due))
+    })
+    .await?;
+    if due {
+        store.wake.notify();
+    }
+    Ok(id)
+}
+
+/// The id `LAST_INSERT_ID()` reported for a single-row insert.
+pub(super) fn inserted_id(id: u64, op: &'static str) -> Result<i64> {
+    match i64::try_from(id) {
+        Ok(id) if id > 0 => Ok(id),
+        _ => Err(Error::Config(format!(
+            "{op}: the server reported insert id {id}"
+        ))),
+    }
+}
+
+pub(super) async fn get_job(store: &MySqlStore, id: i64) -> Result<Option<Job>> {
+    let mut conn = store.pool().acquire().await.map_err(Error::db("get_job"))?;
+    read_job(&mut conn, id, false).await
+}
+
+pub(super) async fn list_jobs(store: &MySqlStore, f: &JobFilter) -> Result<Vec<Job>> {
+    let mut qb: QueryBuilder<MySql> = QueryBuilder::new(format!(
+        "SELECT {JOB_COLUMNS} FROM dockhand_jobs WHERE 1 = 1"
+    ));
+    if let Some(p) = &f.pipeline {
+        qb.push(" AND CAST(pipeline AS BINARY) = CAST(")
+            .push_bind(p.clone())
+            .push(" AS BINARY)");
+    }
+    if !f.statuses.is_empty() {
+        qb.push(" AND status IN (");
+        let mut sep = qb.separated(", ");
+        for s in &f.statuses {
+            sep.push_bind(s.as_str());
+        }
+        qb.push(")");
+    }
+    let limit = if f.limit <= 0 { 100 } else { f.limit };
+    qb.push(" ORDER BY id DESC LIMIT ")
+        .push_bind(limit)
+        .push(" OFFSET ")
+        .push_bind(f.offset.max(0));
+    let rows = qb
+        .build()
+        .fetch_all(store.pool())
+        .await
+        .map_err(Error::db("list_jobs"))?;
+    rows.iter().map(job_from_row).collect()
+}
+
+pub(super) async fn start_step(
+    store: &MySqlStore,
+    job_id: i64,
+    step: i32,
+    now: DateTime<Utc>,
+) -> Result<Option<Job>> {
+    let op = "start_step";
+    retry_deadlocks(op, move || async move {
+        let mut tx = store.begin(op).await?;
+        let Some(mut job) = read_job(&mut tx, job_id, true).await? else {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok(None);
+        };
+        let result = match job.status {
+            _ if job.step_index != step => None,
+            JobStatus::Processing => Some(job),
+            JobStatus::Pending => {
+                let done = sqlx::query(
+                    "UPDATE dockhand_jobs SET status = 'processing', updated_at = ?
+                     WHERE id = ? AND step_index = ? AND status = 'pending'",
+                )
+                .bind(ms(now))
+                .bind(job_id)
+                .bind(step)
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::db(op))?;
+                (done.rows_affected() == 1).then(|| {
+                    job.status = JobStatus::Processing;
+                    job.updated_at = crate::clock::to_millis(now);
+                    job
+                })
+            }
+            _ => None,
+        };
+        tx.commit().await.map_err(Error::db(op))?;
+        Ok(result)
+    })
+    .await
+}
+
+pub(super) async fn advance_job(
+    store: &MySqlStore,
+    job_id: i64,
+    (from_step, to_step): (i32, i32),
+    input_refs: &[String],
+    step: &StepAction,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let op = "advance_job";
+    let refs = refs_json(input_refs)?;
+    let refs = refs.as_str();
+    let due = retry_deadlocks(op, move || async move {
+        let mut tx = store.begin(op).await?;
+        let done = sqlx::query(
+            "UPDATE dockhand_jobs SET step_index = ?, input_refs = ?, updated_at = ?
+             WHERE id = ? AND step_index = ? AND status = 'processing'",
+        )
+        .bind(to_step)
+        .bind(refs)
+        .bind(ms(now))
+        .bind(job_id)
+        .bind(from_step)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+        if done.rows_affected() != 1 {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok(None);
+        }
+        let due = enqueue_step(&mut tx, step, job_id, to_step, now).await?;
+        tx.commit().await.map_err(Error::db(op))?;
+        Ok(Some(due))
+    })
+    .await?;
+    if due == Some(true) {
+        store.wake.notify();
+    }
+    Ok(due.is_some())
+}
+
+pub(super) async fn park_job(
+    store: &MySqlStore,
+    job_id: i64,
+    (from_step, to_step): (i32, i32),
+    input_refs: &[String],
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let op = "park_job";
+    let refs = refs_json(input_refs)?;
+    let refs = refs.as_str();
+    retry_deadlocks(op, move || async move {
+        let done = sqlx::query(
+            "UPDATE dockhand_jobs SET status = 'waiting', step_index = ?, input_refs = ?,
+                updated_at = ?
+             WHERE id = ? AND step_index = ? AND status = 'processing'",
+        )
+        .bind(to_step)
+        .bind(refs)
+        .bind(ms(now))
+        .bind(job_id)
+        .bind(from_step)
+        .execute(store.pool())
+        .await
+        .map_err(Error::db(op))?;
+        Ok(done.rows_affected() == 1)
+    })
+    .await
+}
+
+pub(super) async fn resume_job(
+    store: &MySqlStore,
+    job_id: i64,
+    step: &StepAction,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let op = "resume_job";
+    let due = retry_deadlocks(op, move || async move {
+        let mut tx = store.begin(op).await?;
+        let step_index: Option<i32> = sqlx::query_scalar(
+            "SELECT step_index FROM dockhand_jobs WHERE id = ? AND status = 'waiting' FOR UPDATE",
+        )
+        .bind(job_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+        let Some(step_index) = step_index else {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok(None);
+        };
+        sqlx::query(
+            "UPDATE dockhand_jobs SET status = 'processing', updated_at = ?
+             WHERE id = ? AND status = 'waiting'",
+        )
+        .bind(ms(now))
+        .bind(job_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+        let due = enqueue_step(&mut tx, step, job_id, step_index, now).await?;
+        tx.commit().await.map_err(Error::db(op))?;
+        Ok(Some(due))
+    })
+    .await?;
+    if due == Some(true) {
+        store.wake.notify();
+    }
+    Ok(due.is_some())
+}
+
+pub(super) async fn engine_data(store: &MySqlStore, job_id: i64) -> Result<Option<(Value, i64)>> {
+    let row = sqlx::query("SELECT engine_data, engine_version FROM dockhand_jobs WHERE id = ?")
+        .bind(job_id)
+        .fetch_optional(store.pool())
+        .await
+        .map_err(Error::db("engine_data"))?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let text = text(&row, "engine_data")?;
+    let version: i64 = row
+        .try_get("engine_version")
+        .map_err(Error::db("engine_data"))?;
+    let data = serde_json::from_str(&text).map_err(|e| Error::Corrupt {
+        what: "job",
+        id: job_id,
+        message: format!("engine_data: {e}"),
+    })?;
+    Ok(Some((data, version)))
+}
+
+/// The version bump is the only change marker: the trait passes no clock time here, so
+/// `updated_at` (which tracks status transitions) is left alone.
+pub(super) async fn cas_engine_data(
+    store: &MySqlStore,
+    job_id: i64,
+    expected_version: i64,
+    data: &Value,
+) -> Result<bool> {
+    let op = "cas_engine_data";
+    let text =
+        serde_json::to_string(data).map_err(|e| Error::invalid("engine_data", e.to_string()))?;
+    let text = text.as_str();
+    retry_deadlocks(op, move || async move {
+        let done = sqlx::query(
+            "UPDATE dockhand_jobs SET engine_data = ?, engine_version = engine_version + 1
+             WHERE id = ? AND engine_version = ?",
+        )
+        .bind(text)
+        .bind(job_id)
+        .bind(expected_version)
+        .execute(store.pool())
+        .await
+        .map_err(Error::db(op))?;
+        Ok(done.rows_affected() == 1)
+    })
+    .await
+}
+
+pub(super) async fn undelivered_events(store: &MySqlStore, limit: i64) -> Result<Vec<JobEvent>> {
+    let limit = if limit <= 0 { 100 } else { limit };
+    let rows = sqlx::query(
+        "SELECT e.id, e.job_id, j.pipeline, e.status, e.reason, e.created_at
+         FROM dockhand_job_events e JOIN dockhand_jobs j ON j.id = e.job_id
+         WHERE e.delivered_at IS NULL
+         ORDER BY e.id
+         LIMIT ?",
+    )
+    .bind(limit)
+    .fetch_all(store.pool())
+    .await
+    .map_err(Error::db("undelivered_events"))?;
+    let d = || Error::db("decode job event");
+    rows.iter()
+        .map(|row| {
+            let id: i64 = row.try_get("id").map_err(d())?;
+            let status = text(row, "status")?;
+            Ok(JobEvent {
+                id,
+                job_id: row.try_get("job_id").map_err(d())?,
+                pipeline: text(row, "pipeline")?,
+                status: status.parse().map_err(|e: Error| Error::Corrupt {
+                    what: "job event",
+                    id,
+                    message: e.to_string(),
+                })?,
+                reason: opt_text(row, "reason")?,
+                created_at: from_ms(row.try_get("created_at").map_err(d())?),
+            })
+        })
+        .collect()
+}
+
+pub(super) async fn mark_event_delivered(
+    store: &MySqlStore,
+    event_id: i64,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let op = "mark_event_delivered";
+    retry_deadlocks(op, move || async move {
+        let done = sqlx::query(
+            "UPDATE dockhand_job_events SET delivered_at = ?
+             WHERE id = ? AND delivered_at IS NULL",
+        )
+        .bind(ms(now))
+        .bind(event_id)
+        .execute(store.pool())
+        .await
+        .map_err(Error::db(op))?;
+        Ok(done.rows_affected() == 1)
+    })
+    .await
+}
+
+/// Inserts the packets that are not stored yet, in hash order (two writers of overlapping sets
+/// take their row locks in the same order).
+pub(super) async fn put_packets(
+    store: &MySqlStore,
+    packets: &[EncodedPacket],
+    now: DateTime<Utc>,
+) -> Result<()> {
+    if packets.is_empty() {
+        return Ok(());
+    }
+    let op = "put_packets";
+    let mut sorted: Vec<&EncodedPacket> = packets.iter().collect();
+    sorted.sort_by(|a, b| a.hash.cmp(&b.hash));
+    sorted.dedup_by(|a, b| a.hash == b.hash);
+    let sorted = &sorted;
+    retry_deadlocks(op, move || async move {
+        let mut tx = store.begin(op).await?;
+        for p in sorted {
+            sqlx::query(
+                "INSERT INTO dockhand_packets (hash, body, created_at) VALUES (?, ?, ?)
+                 ON DUPLICATE KEY UPDATE hash = hash",
+            )
+            .bind(&p.hash)
+            .bind(&p.body)
+            .bind(ms(now))
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
+        }
+        tx.commit().await.map_err(Error::db(op))?;
+        Ok(())
+    })
+    .await
+}
+
+pub(super) async fn packet_body(store: &MySqlStore, hash: &str) -> Result<Option<String>> {
+    let row = sqlx::query("SELECT body FROM dockhand_packets WHERE hash = ?")
+        .bind(hash)
+        .fetch_optional(store.pool())
+        .await
+        .map_err(Error::db("packet_body"))?;
+    row.as_ref().map(|r| text(r, "body")).transpose()
+}

@@ -1,0 +1,435 @@
+//! The MySQL / MariaDB backend: MySQL 8 or MariaDB 10.6+, many runners sharing one queue.
+//!
+//! Layout (the same in every backend): `connect` opens the pool and holds the inherent API
+//! (pool accessor, transactional enqueue, the `begin` helper, the deadlock-retry helper, time
+//! conversion); `mod.rs` defines [`MySqlStore`] and implements [`Store`] by delegating to
+//! `enqueue`, `claim`, `finish`, `query`, `schedule` and `maintenance` (actions), `jobs` (jobs,
+//! engine data, events, packets), `bridge` (the terminal bridge's transaction), `claims` (item
+//! claims), `ledger` (the tracked-items handler's rows), `batch` (fan-out, the worklist and
+//! child creation), `fence` (fence, aborts, batch state and the children's counters) and
+//! `recovery` (job liveness and the invariant audit).
+//!
+//! Concurrency comes from InnoDB row locks: claims and the reaper pick rows with `SELECT … FOR
+//! UPDATE SKIP LOCKED` and then update them by id in the same transaction (there is no
+//! `UPDATE … RETURNING`). Sessions run at READ COMMITTED (set when a connection opens) so
+//! range scans take no gap locks; a deadlock (1213) or lock wait timeout (1205) re-runs the
+//! whole store transaction (`connect::retry_deadlocks`). Unique actions (Q6) hold their key in
+//! the nullable `active_key` column, which has a UNIQUE index and is cleared by every update that
+//! moves an action out of pending/running. Times are BIGINT milliseconds since the epoch, JSON is
+//! LONGTEXT, every table is InnoDB with `utf8mb4_bin`. Wake-ups are in-process plus polling (no
+//! LISTEN/NOTIFY).
+
+mod batch;
+mod bridge;
+mod claim;
+mod claims;
+mod connect;
+mod enqueue;
+mod fence;
+mod finish;
+mod jobs;
+pub mod ledger;
+mod maintenance;
+mod query;
+mod recovery;
+mod schedule;
+
+pub use connect::DEFAULT_MAX_CONNECTIONS;
+pub(crate) use connect::{from_ms, ms, opt_text, retry_deadlocks, text};
+
+use super::{
+    Backend, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult, Lease, PruneCutoffs,
+    QueueStats, ReapReport, Store, Wakeup,
+};
+use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
+use crate::batch::{
+    BatchAbort, BatchState, ChildOutcome, ChildSpec, FanOutOutcome, FenceOutcome, JobLiveness,
+    RowSettle, Violation, WorkItem, WorkRow,
+};
+use crate::claims::ledger::TrackedItem;
+use crate::claims::{
+    ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,
+    CompletionRegistry, Descriptor, Identity, ItemClaim,
+};
+use crate::error::Result;
+use crate::jobs::packets::EncodedPacket;
+use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
+use crate::schedule::{PreparedSchedule, Schedule};
+use crate::state::JobStatus;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::mysql::MySqlPool;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// A [`Store`] on MySQL 8 or MariaDB 10.6+.
+#[derive(Debug)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    wake: Wakeup,
+}
+
+#[async_trait]
+impl Store for MySqlStore {
+    fn backend(&self) -> Backend {
+        Backend::Mysql
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        connect::MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn enqueue(&self, action: &PreparedAction, now: DateTime<Utc>) -> Result<Enqueued> {
+        let r = enqueue::enqueue(self, action, now).await?;
+        if action.scheduled_at <= now {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn enqueue_bulk(
+        &self,
+        actions: &[PreparedAction],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Enqueued>> {
+        let r = enqueue::enqueue_bulk(self, actions, now).await?;
+        if actions.iter().any(|a| a.scheduled_at <= now) {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<ClaimedAction>> {
+        claim::claim(self, req).await
+    }
+
+    async fn heartbeat(&self, owner: &str, leases: &[Lease], until: DateTime<Utc>) -> Result<u64> {
+        claim::heartbeat(self, owner, leases, until).await
+    }
+
+    async fn finish(
+        &self,
+        lease: Lease,
+        outcome: &Finish,
+        now: DateTime<Utc>,
+    ) -> Result<FinishResult> {
+        let r = finish::finish(self, lease, outcome, now).await?;
+        if matches!(outcome, Finish::Release) {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn finish_many(
+        &self,
+        items: &[(Lease, Finish)],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<FinishResult>> {
+        let r = finish::finish_many(self, items, now).await?;
+        if items.iter().any(|(_, o)| matches!(o, Finish::Release)) {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn cancel(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {
+        finish::cancel(self, id, now).await
+    }
+
+    async fn retry(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {
+        let r = finish::retry(self, id, now).await?;
+        self.wake.notify();
+        Ok(r)
+    }
+
+    async fn unschedule(&self, filter: &ActionFilter, now: DateTime<Utc>) -> Result<u64> {
+        query::unschedule(self, filter, now).await
+    }
+
+    async fn next_scheduled(&self, filter: &ActionFilter) -> Result<Option<DateTime<Utc>>> {
+        query::next_scheduled(self, filter).await
+    }
+
+    async fn query(&self, q: &ActionQuery) -> Result<Vec<Action>> {
+        query::query(self, q).await
+    }
+
+    async fn get(&self, id: i64) -> Result<Option<Action>> {
+        query::get(self, id).await
+    }
+
+    async fn logs(&self, id: i64) -> Result<Vec<ActionLog>> {
+        query::logs(self, id).await
+    }
+
+    async fn stats(&self, now: DateTime<Utc>) -> Result<QueueStats> {
+        query::stats(self, now).await
+    }
+
+    async fn upsert_schedule(&self, s: &PreparedSchedule, now: DateTime<Utc>) -> Result<i64> {
+        schedule::upsert(self, s, now).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<Schedule>> {
+        schedule::list(self, None, i64::MAX).await
+    }
+
+    async fn due_schedules(&self, horizon: DateTime<Utc>, limit: i64) -> Result<Vec<Schedule>> {
+        schedule::list(self, Some(horizon), limit).await
+    }
+
+    async fn materialise(
+        &self,
+        s: &Schedule,
+        occurrence: DateTime<Utc>,
+        next: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let done = schedule::materialise(self, s, occurrence, next, now).await?;
+        if done && occurrence <= now {
+            self.wake.notify();
+        }
+        Ok(done)
+    }
+
+    async fn rearm_fixed_delay(&self, now: DateTime<Utc>) -> Result<u64> {
+        schedule::rearm_fixed_delay(self, now).await
+    }
+
+    async fn set_schedule_enabled(&self, id: i64, enabled: bool) -> Result<bool> {
+        schedule::set_enabled(self, id, enabled).await
+    }
+
+    async fn reap_expired(&self, now: DateTime<Utc>, limit: i64) -> Result<ReapReport> {
+        let r = maintenance::reap_expired(self, now, limit).await?;
+        if r.requeued > 0 {
+            self.wake.notify();
+        }
+        Ok(r)
+    }
+
+    async fn prune(&self, cutoffs: &PruneCutoffs) -> Result<u64> {
+        maintenance::prune(self, cutoffs).await
+    }
+
+    async fn try_maintenance_lease(
+        &self,
+        task: &str,
+        owner: &str,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        maintenance::try_lease(self, task, owner, until, now).await
+    }
+
+    async fn create_job(&self, job: &NewJob, now: DateTime<Utc>) -> Result<i64> {
+        jobs::create_job(self, job, now).await
+    }
+
+    async fn get_job(&self, id: i64) -> Result<Option<Job>> {
+        jobs::get_job(self, id).await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+        jobs::list_jobs(self, filter).await
+    }
+
+    async fn start_step(&self, job_id: i64, step: i32, now: DateTime<Utc>) -> Result<Option<Job>> {
+        jobs::start_step(self, job_id, step, now).await
+    }
+
+    async fn advance_job(
+        &self,
+        job_id: i64,
+        from_step: i32,
+        to_step: i32,
+        input_refs: &[String],
+        step: &StepAction,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        jobs::advance_job(self, job_id, (from_step, to_step), input_refs, step, now).await
+    }
+
+    async fn park_job(
+        &self,
+        job_id: i64,
+        from_step: i32,
+        to_step: i32,
+        input_refs: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        jobs::park_job(self, job_id, (from_step, to_step), input_refs, now).await
+    }
+
+    async fn resume_job(&self, job_id: i64, step: &StepAction, now: DateTime<Utc>) -> Result<bool> {
+        jobs::resume_job(self, job_id, step, now).await
+    }
+
+    async fn finish_job(
+        &self,
+        job_id: i64,
+        status: JobStatus,
+        reason: Option<&str>,
+        completions: &CompletionRegistry,
+        now: DateTime<Utc>,
+    ) -> Result<BridgeOutcome> {
+        bridge::finish_job(self, job_id, status, reason, completions, now).await
+    }
+
+    async fn engine_data(&self, job_id: i64) -> Result<Option<(Value, i64)>> {
+        jobs::engine_data(self, job_id).await
+    }
+
+    async fn cas_engine_data(
+        &self,
+        job_id: i64,
+        expected_version: i64,
+        data: &Value,
+    ) -> Result<bool> {
+        jobs::cas_engine_data(self, job_id, expected_version, data).await
+    }
+
+    async fn undelivered_events(&self, limit: i64) -> Result<Vec<JobEvent>> {
+        jobs::undelivered_events(self, limit).await
+    }
+
+    async fn mark_event_delivered(&self, event_id: i64, now: DateTime<Utc>) -> Result<bool> {
+        jobs::mark_event_delivered(self, event_id, now).await
+    }
+
+    async fn put_packets(&self, packets: &[EncodedPacket], now: DateTime<Utc>) -> Result<()> {
+        jobs::put_packets(self, packets, now).await
+    }
+
+    async fn packet_body(&self, hash: &str) -> Result<Option<String>> {
+        jobs::packet_body(self, hash).await
+    }
+
+    async fn claim_item(&self, req: &ClaimItemRequest, now: DateTime<Utc>) -> Result<ClaimOutcome> {
+        claims::claim_item(self, req, now).await
+    }
+
+    async fn get_claim(&self, identity: &Identity) -> Result<Option<ItemClaim>> {
+        claims::get_claim(self, identity).await
+    }
+
+    async fn complete_claim(
+        &self,
+        descriptor: &Descriptor,
+        handler: Option<Arc<dyn CompletionHandler>>,
+        now: DateTime<Utc>,
+    ) -> Result<CompleteOutcome> {
+        claims::complete_claim(self, descriptor, handler, now).await
+    }
+
+    async fn release_claim(
+        &self,
+        descriptor: &Descriptor,
+        defer: bool,
+        _now: DateTime<Utc>,
+    ) -> Result<bool> {
+        claims::release_claim(self, descriptor, defer).await
+    }
+
+    async fn list_claims(&self, filter: &ClaimFilter) -> Result<Vec<ItemClaim>> {
+        claims::list_claims(self, filter).await
+    }
+
+    async fn tracked_item(&self, namespace: &str, item_id: &str) -> Result<Option<TrackedItem>> {
+        claims::tracked_item(self, namespace, item_id).await
+    }
+
+    async fn fan_out(
+        &self,
+        parent: i64,
+        items: &[WorkItem],
+        chunk_size: i32,
+        child_step: i32,
+        contract: &str,
+        now: DateTime<Utc>,
+    ) -> Result<FanOutOutcome> {
+        batch::fan_out(self, parent, items, chunk_size, child_step, contract, now).await
+    }
+
+    async fn schedule_chunk(
+        &self,
+        parent: i64,
+        offset: i64,
+        priority: i32,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        batch::schedule_chunk(self, parent, offset, priority, now).await
+    }
+
+    async fn lease_work(
+        &self,
+        parent: i64,
+        limit: i64,
+        owner: &str,
+        lease_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<WorkRow>> {
+        batch::lease_work(self, parent, limit, owner, lease_until, now).await
+    }
+
+    async fn create_child(&self, child: &ChildSpec, now: DateTime<Utc>) -> Result<ChildOutcome> {
+        batch::create_child(self, child, now).await
+    }
+
+    async fn settle_work(
+        &self,
+        parent: i64,
+        idx: i32,
+        settle: &RowSettle,
+        _now: DateTime<Utc>,
+    ) -> Result<()> {
+        batch::settle_work(self, parent, idx, settle).await
+    }
+
+    async fn fence_batch(&self, parent: i64, now: DateTime<Utc>) -> Result<FenceOutcome> {
+        fence::fence_batch(self, parent, now).await
+    }
+
+    async fn abort_batch(
+        &self,
+        parent: i64,
+        why: BatchAbort,
+        _now: DateTime<Utc>,
+    ) -> Result<BatchState> {
+        fence::abort_batch(self, parent, why).await
+    }
+
+    async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {
+        fence::batch_state(self, parent).await
+    }
+
+    async fn cleanup_worklist(&self, parent: i64) -> Result<u64> {
+        fence::cleanup_worklist(self, parent).await
+    }
+
+    async fn job_liveness(
+        &self,
+        older_than: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<JobLiveness>> {
+        recovery::job_liveness(self, older_than, limit).await
+    }
+
+    async fn audit(&self, now: DateTime<Utc>, grace: chrono::Duration) -> Result<Vec<Violation>> {
+        recovery::audit(self, now, grace).await
+    }
+
+    fn wakeups(&self) -> watch::Receiver<u64> {
+        self.wake.subscribe()
+    }
+
+    async fn listen(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
