@@ -31,11 +31,14 @@ pub(crate) enum RunEnd {
 impl Runner {
     /// Runs one claimed action to its finish write. Never panics; errors are logged.
     /// `acks`: the batched acknowledgement writer, when running as a pool; `None` writes
-    /// directly (the inline testing helpers).
+    /// directly (the inline testing helpers). `slot`: the run's concurrency permit, given back
+    /// as soon as the handler has ended, so the next claim overlaps this run's finish write
+    /// (the lease stays heartbeated until the write is done).
     pub(crate) async fn execute(
         &self,
         action: ClaimedAction,
         acks: Option<&super::acks::AckSender>,
+        slot: Option<super::RunSlot>,
     ) -> Option<FinishResult> {
         let span = tracing::info_span!(
             "dockhand.action.run",
@@ -51,6 +54,7 @@ impl Runner {
             metrics::histogram!(telemetry::LAG, "hook" => action.hook.clone()).record(lag);
             let started = Instant::now();
             let end = self.run_handler(&action).await;
+            drop(slot);
             metrics::histogram!(telemetry::RUN_DURATION, "hook" => action.hook.clone())
                 .record(started.elapsed().as_secs_f64());
             let outcome = self.outcome(&action, end);

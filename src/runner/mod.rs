@@ -17,7 +17,7 @@ use crate::telemetry;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 /// Runner settings.
@@ -70,7 +70,26 @@ pub fn default_owner() -> String {
 }
 
 /// In-flight runs by action id: their lease and the task's abort handle.
-type InFlight = Arc<Mutex<HashMap<i64, (Lease, tokio::task::AbortHandle)>>>;
+/// Leases in flight, heartbeated until their finish is written; the abort handle is `None`
+/// once the handler has ended (the run is only waiting for its finish write, so shutdown must
+/// not abort or release it).
+type InFlight = Arc<Mutex<HashMap<i64, (Lease, Option<tokio::task::AbortHandle>)>>>;
+
+/// A run's concurrency slot. Dropped when the handler ends: frees the slot for the next claim
+/// and marks the run as finishing in the in-flight registry.
+pub(crate) struct RunSlot {
+    _permit: OwnedSemaphorePermit,
+    in_flight: InFlight,
+    id: i64,
+}
+
+impl Drop for RunSlot {
+    fn drop(&mut self) {
+        if let Some(entry) = lock(&self.in_flight).get_mut(&self.id) {
+            entry.1 = None;
+        }
+    }
+}
 
 /// The worker pool.
 pub struct Runner {
@@ -129,7 +148,7 @@ impl Runner {
         let mut set = JoinSet::new();
         for action in claimed {
             let me = Arc::clone(self);
-            set.spawn(async move { me.execute(action, None).await });
+            set.spawn(async move { me.execute(action, None, None).await });
         }
         while set.join_next().await.is_some() {}
         Ok(n)
@@ -194,12 +213,19 @@ impl Runner {
                 let me = Arc::clone(&self);
                 let registry = Arc::clone(&in_flight);
                 let acker = ack_tx.clone();
+                let slot = RunSlot {
+                    _permit: permit,
+                    in_flight: Arc::clone(&in_flight),
+                    id: lease.id,
+                };
+                // Registered under the lock, so the run cannot end before it is registered.
+                let mut registered = lock(&in_flight);
                 let handle = tasks.spawn(async move {
-                    me.execute(action, Some(&acker)).await;
+                    me.execute(action, Some(&acker), Some(slot)).await;
                     lock(&registry).remove(&lease.id);
-                    drop(permit);
                 });
-                lock(&in_flight).insert(lease.id, (lease, handle));
+                registered.insert(lease.id, (lease, Some(handle)));
+                drop(registered);
             }
             if full {
                 continue;
@@ -233,8 +259,11 @@ impl Runner {
             while tasks.join_next().await.is_some() {}
             return;
         }
-        let leftovers: Vec<(Lease, tokio::task::AbortHandle)> =
-            lock(&in_flight).drain().map(|(_, v)| v).collect();
+        // Runs whose handler has ended are only waiting for their finish write: leave them.
+        let leftovers: Vec<(Lease, tokio::task::AbortHandle)> = lock(&in_flight)
+            .values()
+            .filter_map(|(lease, handle)| handle.clone().map(|h| (*lease, h)))
+            .collect();
         for (_, handle) in &leftovers {
             handle.abort();
         }

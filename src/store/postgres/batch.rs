@@ -187,13 +187,14 @@ pub(super) async fn lease_work(
     }
     let rows = sqlx::query(
         "UPDATE dockhand_worklist w SET state = 'leased', lease_owner = $3, lease_until = $4
-         FROM (SELECT parent_id, idx FROM dockhand_worklist
+         WHERE w.parent_id = $1
+           AND w.idx = ANY(ARRAY(
+               SELECT idx FROM dockhand_worklist
                WHERE parent_id = $1
                  AND (state = 'ready'
                       OR (state = 'leased' AND (lease_until IS NULL OR lease_until <= $5)))
                ORDER BY idx LIMIT $2
-               FOR UPDATE SKIP LOCKED) p
-         WHERE w.parent_id = p.parent_id AND w.idx = p.idx
+               FOR UPDATE SKIP LOCKED))
          RETURNING w.parent_id, w.idx, w.payload_ref, w.sidecar, w.attempts",
     )
     .bind(parent)

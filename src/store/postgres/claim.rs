@@ -1,9 +1,16 @@
 //! PostgreSQL: claiming due actions and heartbeating their leases.
 //!
-//! Claim SQL (Q3): one statement. `picked` locks up to n due pending rows in (priority,
-//! scheduled_at, id) order with `FOR UPDATE SKIP LOCKED` (concurrent claimers take disjoint
-//! rows without waiting), `claimed` stamps the lease and counts the attempt, `logged` writes one
-//! `started` row per claimed action.
+//! Claim SQL (Q3): one statement. `dockhand_due_ids` (migration 0004) locks up to n due
+//! pending rows in (priority, scheduled_at, id) order with `FOR UPDATE SKIP LOCKED` (concurrent
+//! claimers take disjoint rows without waiting) through the ordered partial claim index, whatever
+//! the table's statistics say; `claimed` stamps the lease and counts the attempt, `logged` writes
+//! one `started` row per claimed action.
+//!
+//! Picked ids go through `id = ANY(ARRAY(…))`, never a join or `IN (subquery)`: sqlx prepares
+//! statements, and PostgreSQL's generic plan for `LIMIT $n` guesses hundreds of rows and
+//! hash-joins them against a sequential scan of the whole table, making every claim O(table).
+//! `= ANY(ARRAY(…))` is always a primary-key index scan. The same holds for every statement in
+//! this backend that updates rows picked by a subquery.
 
 use super::{ts, PgStore};
 use crate::error::{Error, Result};
@@ -13,18 +20,11 @@ use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::Row;
 
-const CLAIM: &str = "WITH picked AS (
-     SELECT id FROM dockhand_actions
-     WHERE status = 'pending' AND scheduled_at <= $1
-       AND ($5::text[] IS NULL OR hook = ANY($5::text[]))
-     ORDER BY priority, scheduled_at, id
-     LIMIT $2
-     FOR UPDATE SKIP LOCKED),
- claimed AS (
+const CLAIM: &str = "WITH claimed AS (
      UPDATE dockhand_actions a
      SET status = 'running', lease_owner = $3, lease_token = a.lease_token + 1,
          lease_until = $4, attempt = a.attempt + 1, started_at = $1
-     FROM picked WHERE a.id = picked.id
+     WHERE a.id = ANY(ARRAY(SELECT dockhand_due_ids($1, $2, $5::text[])))
      RETURNING a.*),
  logged AS (
      INSERT INTO dockhand_action_logs (action_id, at, event, detail)
@@ -79,6 +79,7 @@ pub(super) async fn heartbeat(
     let done = sqlx::query(
         "UPDATE dockhand_actions SET lease_until = $4
          WHERE status = 'running' AND lease_owner = $1
+           AND id = ANY($2::bigint[])
            AND (id, lease_token) IN (SELECT * FROM UNNEST($2::bigint[], $3::bigint[]))",
     )
     .bind(owner)

@@ -33,15 +33,75 @@ const INSERT_BULK: &str = "INSERT INTO dockhand_actions
       AS t(hook, args, group_name, priority, scheduled_at, max_attempts, timeout_ms, schedule_id)
  RETURNING id";
 
+/// [`INSERT_ONE`] with its `created` log row and, when due, the `pg_notify`, in one
+/// statement (`$11` is the channel).
+const INSERT_ONE_LOGGED: &str = "WITH ins AS (
+     INSERT INTO dockhand_actions
+         (hook, args, group_name, priority, status, scheduled_at, max_attempts, timeout_ms,
+          unique_key, created_at, schedule_id)
+     VALUES ($1, $2::jsonb, $3, $4, 'pending', $5, $6, $7, $8, $9, $10)
+     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
+     DO NOTHING
+     RETURNING id, scheduled_at),
+ logged AS (
+     INSERT INTO dockhand_action_logs (action_id, at, event)
+     SELECT id, $9, 'created' FROM ins),
+ woke AS (
+     SELECT pg_notify($11, '') FROM ins WHERE scheduled_at <= $9)
+ SELECT id FROM ins WHERE (SELECT count(*) FROM woke) >= 0";
+
+/// One enqueue in autocommit mode: a single statement on the success path (no BEGIN/COMMIT
+/// round trips); a unique duplicate is then looked up (and the insert retried if the duplicate
+/// finished in between).
 pub(super) async fn enqueue(
     store: &PgStore,
-    action: &PreparedAction,
+    a: &PreparedAction,
     now: DateTime<Utc>,
 ) -> Result<Enqueued> {
-    let mut tx = store.begin("enqueue").await?;
-    let r = enqueue_one(&mut tx, action, now, Some(&store.channel)).await?;
-    tx.commit().await.map_err(Error::db("enqueue"))?;
-    Ok(r)
+    let mut conn = store.pool.acquire().await.map_err(Error::db("enqueue"))?;
+    for _ in 0..UNIQUE_ATTEMPTS {
+        let inserted: Option<i64> = sqlx::query_scalar(INSERT_ONE_LOGGED)
+            .bind(&a.hook)
+            .bind(&a.args_json)
+            .bind(&a.group)
+            .bind(a.priority)
+            .bind(ts(a.scheduled_at))
+            .bind(a.max_attempts)
+            .bind(a.timeout_ms)
+            .bind(&a.unique_key)
+            .bind(ts(now))
+            .bind(a.schedule_id)
+            .bind(&store.channel)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(Error::db("enqueue"))?;
+        if let Some(id) = inserted {
+            return Ok(Enqueued { id, inserted: true });
+        }
+        if let Some(id) = active_duplicate(&mut conn, a).await? {
+            return Ok(Enqueued {
+                id,
+                inserted: false,
+            });
+        }
+    }
+    Err(Error::Database {
+        op: "enqueue (find duplicate)",
+        source: sqlx::Error::RowNotFound,
+    })
+}
+
+/// The active (pending or running) action holding `a`'s unique key. READ COMMITTED: this
+/// statement sees the conflicting row once its inserter committed.
+async fn active_duplicate(conn: &mut PgConnection, a: &PreparedAction) -> Result<Option<i64>> {
+    sqlx::query_scalar(
+        "SELECT id FROM dockhand_actions
+         WHERE unique_key = $1 AND status IN ('pending', 'running')",
+    )
+    .bind(&a.unique_key)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(Error::db("enqueue (find duplicate)"))
 }
 
 /// Inserts one action on an open transaction; a unique duplicate yields the active id.
@@ -76,16 +136,7 @@ pub(super) async fn enqueue_one(
             }
             return Ok(Enqueued { id, inserted: true });
         }
-        // READ COMMITTED: this statement sees the conflicting row once its inserter committed.
-        let existing: Option<i64> = sqlx::query_scalar(
-            "SELECT id FROM dockhand_actions
-             WHERE unique_key = $1 AND status IN ('pending', 'running')",
-        )
-        .bind(&a.unique_key)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(Error::db("enqueue (find duplicate)"))?;
-        if let Some(id) = existing {
+        if let Some(id) = active_duplicate(conn, a).await? {
             return Ok(Enqueued {
                 id,
                 inserted: false,

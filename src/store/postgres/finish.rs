@@ -32,19 +32,71 @@ pub(super) async fn finish(
     Ok(result)
 }
 
-/// Batched acknowledgements: every finish in one transaction, each guarded on its own.
+/// Batched acknowledgements: every finish in one transaction, each guarded on its own. The
+/// completions (the common case) are one statement: an UPDATE … FROM UNNEST guarded per row by
+/// id + token + status, with their `completed` log rows in the same statement; other outcomes
+/// are written one by one.
 pub(super) async fn finish_many(
     store: &PgStore,
     items: &[(Lease, Finish)],
     now: DateTime<Utc>,
 ) -> Result<Vec<FinishResult>> {
     let mut tx = store.begin("finish_many").await?;
+    let completes: Vec<Lease> = items
+        .iter()
+        .filter(|(_, o)| matches!(o, Finish::Complete))
+        .map(|(l, _)| *l)
+        .collect();
+    let applied = complete_set(&mut tx, &completes, now).await?;
     let mut out = Vec::with_capacity(items.len());
     for (lease, outcome) in items {
-        out.push(finish_on(&mut tx, &store.channel, *lease, outcome, now).await?);
+        let result = match outcome {
+            Finish::Complete if applied.contains(&lease.id) => FinishResult::Applied,
+            Finish::Complete => {
+                let (event, detail) = outcome.lease_lost_entry(lease.token);
+                log(&mut tx, lease.id, now, event, Some(detail)).await?;
+                FinishResult::LeaseLost
+            }
+            _ => finish_on(&mut tx, &store.channel, *lease, outcome, now).await?,
+        };
+        out.push(result);
     }
     tx.commit().await.map_err(Error::db("finish_many"))?;
     Ok(out)
+}
+
+/// Completes every lease still running under its token and logs `completed` for each, in one
+/// statement; returns the ids that were.
+async fn complete_set(
+    tx: &mut PgConnection,
+    leases: &[Lease],
+    now: DateTime<Utc>,
+) -> Result<std::collections::HashSet<i64>> {
+    if leases.is_empty() {
+        return Ok(Default::default());
+    }
+    let ids: Vec<i64> = leases.iter().map(|l| l.id).collect();
+    let tokens: Vec<i64> = leases.iter().map(|l| l.token).collect();
+    let done: Vec<i64> = sqlx::query_scalar(
+        "WITH done AS (
+             UPDATE dockhand_actions a
+             SET status = 'complete', finished_at = $3, lease_owner = NULL, lease_until = NULL
+             FROM UNNEST($1::bigint[], $2::bigint[]) AS l(id, token)
+             WHERE a.id = ANY($1::bigint[]) AND a.id = l.id AND a.lease_token = l.token
+               AND a.status = 'running'
+             RETURNING a.id),
+         logged AS (
+             INSERT INTO dockhand_action_logs (action_id, at, event)
+             SELECT id, $3, 'completed' FROM done)
+         SELECT id FROM done",
+    )
+    .bind(ids)
+    .bind(tokens)
+    .bind(ts(now))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(Error::db("finish_many"))?;
+    Ok(done.into_iter().collect())
 }
 
 /// One guarded finish on an open transaction.

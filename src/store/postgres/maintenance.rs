@@ -21,10 +21,10 @@ pub(super) async fn reap_expired(
         "UPDATE dockhand_actions SET status = 'failed', finished_at = $1,
             last_error = 'lease expired (owner ' || COALESCE(lease_owner, '?') || ')',
             lease_owner = NULL, lease_until = NULL
-         WHERE id IN (SELECT id FROM dockhand_actions
+         WHERE id = ANY(ARRAY(SELECT id FROM dockhand_actions
                       WHERE status = 'running' AND lease_until < $1 AND attempt >= max_attempts
                       LIMIT $2
-                      FOR UPDATE SKIP LOCKED)
+                      FOR UPDATE SKIP LOCKED))
          RETURNING id",
     )
     .bind(now)
@@ -36,10 +36,10 @@ pub(super) async fn reap_expired(
         "UPDATE dockhand_actions SET status = 'pending', scheduled_at = $1,
             last_error = 'lease expired (owner ' || COALESCE(lease_owner, '?') || ')',
             lease_owner = NULL, lease_until = NULL
-         WHERE id IN (SELECT id FROM dockhand_actions
+         WHERE id = ANY(ARRAY(SELECT id FROM dockhand_actions
                       WHERE status = 'running' AND lease_until < $1 AND attempt < max_attempts
                       LIMIT $2
-                      FOR UPDATE SKIP LOCKED)
+                      FOR UPDATE SKIP LOCKED))
          RETURNING id",
     )
     .bind(now)
@@ -86,11 +86,11 @@ pub(super) async fn prune(store: &PgStore, c: &PruneCutoffs) -> Result<u64> {
              FOR UPDATE SKIP LOCKED),
          gone AS (
              DELETE FROM dockhand_actions
-             WHERE id IN (SELECT id FROM doomed)
+             WHERE id = ANY(ARRAY(SELECT id FROM doomed))
                AND status IN ('complete', 'canceled', 'failed')
              RETURNING id),
          gone_logs AS (
-             DELETE FROM dockhand_action_logs WHERE action_id IN (SELECT id FROM gone))
+             DELETE FROM dockhand_action_logs WHERE action_id = ANY(ARRAY(SELECT id FROM gone)))
          SELECT COUNT(*) FROM gone",
     )
     .bind(ts(c.finished_before))

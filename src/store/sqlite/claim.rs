@@ -1,8 +1,9 @@
 //! SQLite: claiming due actions and heartbeating their leases.
 //!
-//! Claim SQL (Q3): inside `BEGIN IMMEDIATE`, one `UPDATE … WHERE id IN (SELECT … ORDER BY
-//! priority, scheduled_at, id LIMIT n) RETURNING …` over the partial claim index, then one
-//! `started` log row per claimed action.
+//! Claim SQL (Q3): one `UPDATE … WHERE id IN (SELECT … ORDER BY priority, scheduled_at, id
+//! LIMIT n) RETURNING …` over the partial claim index, in autocommit mode (one statement is
+//! atomic; SQLite's single writer serialises claimers). The `started` log rows are written by
+//! the `dockhand_actions_log_started` trigger (migration 0004) inside the same statement.
 
 use super::{from_ms, ms, SqliteStore};
 use crate::error::{Error, Result};
@@ -34,20 +35,15 @@ pub(super) async fn claim(
         .map(serde_json::to_string)
         .transpose()
         .map_err(|e| Error::invalid("hooks", e.to_string()))?;
-    let mut tx = store.begin_write("claim").await?;
     let rows = sqlx::query(CLAIM)
         .bind(req.owner)
         .bind(ms(req.lease_until))
         .bind(ms(req.now))
         .bind(req.limit)
         .bind(hooks)
-        .fetch_all(&mut *tx)
+        .fetch_all(&store.writer)
         .await
         .map_err(Error::db("claim"))?;
-    if rows.is_empty() {
-        tx.rollback().await.map_err(Error::db("claim"))?;
-        return Ok(Vec::new());
-    }
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
         let id: i64 = row.try_get("id").map_err(Error::db("claim"))?;
@@ -69,19 +65,6 @@ pub(super) async fn claim(
             token: row.try_get("lease_token").map_err(Error::db("claim"))?,
         });
     }
-    let ids: Vec<i64> = claimed.iter().map(|c| c.id).collect();
-    let ids_json = serde_json::to_string(&ids).map_err(|e| Error::invalid("ids", e.to_string()))?;
-    sqlx::query(
-        "INSERT INTO dockhand_action_logs (action_id, at, event, detail)
-         SELECT value, ?, 'started', ? FROM json_each(?)",
-    )
-    .bind(ms(req.now))
-    .bind(req.owner)
-    .bind(ids_json)
-    .execute(&mut *tx)
-    .await
-    .map_err(Error::db("claim (log)"))?;
-    tx.commit().await.map_err(Error::db("claim"))?;
     Ok(claimed)
 }
 
@@ -97,20 +80,18 @@ pub(super) async fn heartbeat(
     let pairs: Vec<[i64; 2]> = leases.iter().map(|l| [l.id, l.token]).collect();
     let pairs_json =
         serde_json::to_string(&pairs).map_err(|e| Error::invalid("leases", e.to_string()))?;
-    let mut tx = store.begin_write("heartbeat").await?;
     let done = sqlx::query(
-        "UPDATE dockhand_actions SET lease_until = ?
-         WHERE status = 'running' AND lease_owner = ?
-           AND (id, lease_token) IN (
-               SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
-               FROM json_each(?))",
+        "UPDATE dockhand_actions SET lease_until = ?1
+         FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
+               FROM json_each(?3)) AS l
+         WHERE dockhand_actions.id = l.id AND dockhand_actions.lease_token = l.token
+           AND status = 'running' AND lease_owner = ?2",
     )
     .bind(ms(until))
     .bind(owner)
     .bind(pairs_json)
-    .execute(&mut *tx)
+    .execute(&store.writer)
     .await
     .map_err(Error::db("heartbeat"))?;
-    tx.commit().await.map_err(Error::db("heartbeat"))?;
     Ok(done.rows_affected())
 }

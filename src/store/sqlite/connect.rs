@@ -37,6 +37,7 @@ impl SqliteStore {
                 .min_connections(1)
                 .idle_timeout(None)
                 .max_lifetime(None)
+                .test_before_acquire(false)
                 .connect_with(base)
                 .await
                 .map_err(Error::db("connect"))?;
@@ -49,14 +50,18 @@ impl SqliteStore {
         let opts = base
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal);
+        // No liveness ping before each acquire: a local file connection does not go stale, and
+        // the ping is a round trip to the worker thread on every store call.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             .connect_with(opts.clone())
             .await
             .map_err(Error::db("connect"))?;
         check_pragmas(&writer).await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
+            .test_before_acquire(false)
             .connect_with(opts)
             .await
             .map_err(Error::db("connect"))?;

@@ -1,4 +1,5 @@
-//! SQLite: inserting actions (single, unique, bulk, inside a caller's transaction).
+//! SQLite: inserting actions (single, unique, bulk, inside a caller's transaction). The
+//! `created` log row is written by the `dockhand_actions_log_created` trigger (migration 0004).
 
 use super::{ms, SqliteStore};
 use crate::action::PreparedAction;
@@ -19,15 +20,33 @@ const INSERT_ONE: &str = "INSERT INTO dockhand_actions
  DO NOTHING
  RETURNING id";
 
+/// How often a single enqueue re-tries when its duplicate finished between the insert and the
+/// look-up (possible only with a writer in another process).
+const DUPLICATE_RACE_TRIES: usize = 8;
+
+/// One enqueue in autocommit mode: the insert (its `created` log row written by the 0004
+/// trigger) is the only statement on the success path, so no BEGIN/COMMIT round trips.
 pub(super) async fn enqueue(
     store: &SqliteStore,
     action: &PreparedAction,
     now: DateTime<Utc>,
 ) -> Result<Enqueued> {
-    let mut tx = store.begin_write("enqueue").await?;
-    let r = enqueue_one(&mut tx, action, now).await?;
-    tx.commit().await.map_err(Error::db("enqueue"))?;
-    Ok(r)
+    let mut conn = store.writer.acquire().await.map_err(Error::db("enqueue"))?;
+    for _ in 0..DUPLICATE_RACE_TRIES {
+        if let Some(id) = insert(&mut conn, action, now).await? {
+            return Ok(Enqueued { id, inserted: true });
+        }
+        if let Some(id) = active_duplicate(&mut conn, action).await? {
+            return Ok(Enqueued {
+                id,
+                inserted: false,
+            });
+        }
+    }
+    Err(Error::Config(format!(
+        "enqueue of `{}`: its unique duplicate kept finishing between insert and look-up",
+        action.hook
+    )))
 }
 
 /// Inserts one action on an open write transaction; a unique duplicate yields the active id.
@@ -36,7 +55,29 @@ pub(super) async fn enqueue_one(
     a: &PreparedAction,
     now: DateTime<Utc>,
 ) -> Result<Enqueued> {
-    let inserted: Option<i64> = sqlx::query_scalar(INSERT_ONE)
+    if let Some(id) = insert(conn, a, now).await? {
+        return Ok(Enqueued { id, inserted: true });
+    }
+    // Inside the same write transaction, so the conflicting row is still active.
+    match active_duplicate(conn, a).await? {
+        Some(id) => Ok(Enqueued {
+            id,
+            inserted: false,
+        }),
+        None => Err(Error::Config(format!(
+            "enqueue of `{}`: unique conflict without an active duplicate",
+            a.hook
+        ))),
+    }
+}
+
+/// The insert; `None` when a unique duplicate is active.
+async fn insert(
+    conn: &mut SqliteConnection,
+    a: &PreparedAction,
+    now: DateTime<Utc>,
+) -> Result<Option<i64>> {
+    sqlx::query_scalar(INSERT_ONE)
         .bind(&a.hook)
         .bind(&a.args_json)
         .bind(&a.group)
@@ -49,42 +90,19 @@ pub(super) async fn enqueue_one(
         .bind(a.schedule_id)
         .fetch_optional(&mut *conn)
         .await
-        .map_err(Error::db("enqueue"))?;
-    match inserted {
-        Some(id) => {
-            log_created(conn, &[id], now).await?;
-            Ok(Enqueued { id, inserted: true })
-        }
-        None => {
-            // Inside the same write transaction, so the conflicting row is still active.
-            let id: i64 = sqlx::query_scalar(
-                "SELECT id FROM dockhand_actions
-                 WHERE unique_key = ? AND status IN ('pending', 'running')",
-            )
-            .bind(&a.unique_key)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(Error::db("enqueue (find duplicate)"))?;
-            Ok(Enqueued {
-                id,
-                inserted: false,
-            })
-        }
-    }
+        .map_err(Error::db("enqueue"))
 }
 
-async fn log_created(conn: &mut SqliteConnection, ids: &[i64], now: DateTime<Utc>) -> Result<()> {
-    let ids_json = serde_json::to_string(ids).map_err(|e| Error::invalid("ids", e.to_string()))?;
-    sqlx::query(
-        "INSERT INTO dockhand_action_logs (action_id, at, event)
-         SELECT value, ?, 'created' FROM json_each(?)",
+/// The active (pending or running) action holding `a`'s unique key.
+async fn active_duplicate(conn: &mut SqliteConnection, a: &PreparedAction) -> Result<Option<i64>> {
+    sqlx::query_scalar(
+        "SELECT id FROM dockhand_actions
+         WHERE unique_key = ? AND status IN ('pending', 'running')",
     )
-    .bind(ms(now))
-    .bind(ids_json)
-    .execute(&mut *conn)
+    .bind(&a.unique_key)
+    .fetch_optional(&mut *conn)
     .await
-    .map_err(Error::db("enqueue (log)"))?;
-    Ok(())
+    .map_err(Error::db("enqueue (find duplicate)"))
 }
 
 pub(super) async fn enqueue_bulk(
@@ -136,7 +154,6 @@ pub(super) async fn enqueue_bulk(
                 chunk.len()
             )));
         }
-        log_created(&mut tx, &ids, now).await?;
         for (&i, id) in chunk.iter().zip(ids) {
             results[i] = Some(Enqueued { id, inserted: true });
         }

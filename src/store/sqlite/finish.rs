@@ -32,18 +32,77 @@ pub(super) async fn finish(
 }
 
 /// Batched acknowledgements: every finish in one write transaction, each guarded on its own.
+/// The completions (the common case) are one set-based UPDATE guarded per row by id + token +
+/// status, plus one multi-row log insert; other outcomes are written one by one.
 pub(super) async fn finish_many(
     store: &SqliteStore,
     items: &[(Lease, Finish)],
     now: DateTime<Utc>,
 ) -> Result<Vec<FinishResult>> {
     let mut tx = store.begin_write("finish_many").await?;
+    let completes: Vec<[i64; 2]> = items
+        .iter()
+        .filter(|(_, o)| matches!(o, Finish::Complete))
+        .map(|(l, _)| [l.id, l.token])
+        .collect();
+    let applied = complete_set(&mut tx, &completes, now).await?;
     let mut out = Vec::with_capacity(items.len());
     for (lease, outcome) in items {
-        out.push(finish_on(&mut tx, *lease, outcome, now).await?);
+        let result = match outcome {
+            Finish::Complete if applied.contains(&lease.id) => FinishResult::Applied,
+            Finish::Complete => {
+                let (event, detail) = outcome.lease_lost_entry(lease.token);
+                log(&mut tx, lease.id, now, event, Some(detail)).await?;
+                FinishResult::LeaseLost
+            }
+            _ => finish_on(&mut tx, *lease, outcome, now).await?,
+        };
+        out.push(result);
     }
     tx.commit().await.map_err(Error::db("finish_many"))?;
     Ok(out)
+}
+
+/// Completes every `[id, token]` pair still running under that token, logs `completed` for
+/// each, and returns the ids that were.
+async fn complete_set(
+    tx: &mut SqliteConnection,
+    pairs: &[[i64; 2]],
+    now: DateTime<Utc>,
+) -> Result<std::collections::HashSet<i64>> {
+    if pairs.is_empty() {
+        return Ok(Default::default());
+    }
+    let pairs_json =
+        serde_json::to_string(pairs).map_err(|e| Error::invalid("leases", e.to_string()))?;
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "UPDATE dockhand_actions SET status = 'complete', finished_at = ?1,
+             lease_owner = NULL, lease_until = NULL
+         FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
+               FROM json_each(?2)) AS l
+         WHERE dockhand_actions.id = l.id AND dockhand_actions.lease_token = l.token
+           AND status = 'running'
+         RETURNING dockhand_actions.id",
+    )
+    .bind(ms(now))
+    .bind(pairs_json)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(Error::db("finish_many"))?;
+    if !ids.is_empty() {
+        let ids_json =
+            serde_json::to_string(&ids).map_err(|e| Error::invalid("ids", e.to_string()))?;
+        sqlx::query(
+            "INSERT INTO dockhand_action_logs (action_id, at, event)
+             SELECT value, ?, 'completed' FROM json_each(?)",
+        )
+        .bind(ms(now))
+        .bind(ids_json)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db("finish_many (log)"))?;
+    }
+    Ok(ids.into_iter().collect())
 }
 
 /// One guarded finish on an open write transaction.
