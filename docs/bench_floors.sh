@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The databases' own floors on this machine, for scale next to `dockhand bench` (not dockhand):
+# one durable single-row commit per call, from one client, with each database's own fastest
+# client. Usage: bash docs/bench_floors.sh  (needs pgbench, python3, mariadb-slap; servers as
+# in .ci/run). Prints one line per floor.
+set -euo pipefail
+PGBIN=$(ls -d /usr/lib/postgresql/*/bin | tail -n1)
+PGURL=${DOCKHAND_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+
+# SQLite: Python's sqlite3 (a thin C binding), WAL + synchronous=NORMAL, autocommit inserts.
+python3 - <<'PY'
+import os, sqlite3, tempfile, time
+d = tempfile.mkdtemp(); c = sqlite3.connect(os.path.join(d, "f.db"), isolation_level=None)
+c.execute("pragma journal_mode=wal"); c.execute("pragma synchronous=normal")
+c.execute("create table t (id integer primary key, v text)")
+n = 20000; s = time.perf_counter()
+for i in range(n): c.execute("insert into t (v) values (?)", (str(i),))
+e = time.perf_counter() - s
+print(f"floor=sqlite-python-autocommit-insert per_sec={n/e:.0f} us={e/n*1e6:.1f}")
+PY
+
+# SQLite, dockhand's own schema (migrations/sqlite, triggers included) and claim/complete SQL,
+# from Python: claim 8 (one autocommit UPDATE … RETURNING), complete those 8 (one transaction:
+# set-based UPDATE + log insert), until 10,000 rows are drained. The ceiling of W2 at
+# concurrency 8 without sqlx, tokio or the runner.
+python3 - "$(dirname "$0")/../migrations/sqlite" <<'PY'
+import glob, json, os, sqlite3, sys, tempfile, time
+d = tempfile.mkdtemp(); c = sqlite3.connect(os.path.join(d, "f.db"), isolation_level=None)
+c.execute("pragma journal_mode=wal"); c.execute("pragma synchronous=normal")
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.sql"))):
+    c.executescript(open(f).read())
+c.execute("begin")
+for i in range(10000):
+    c.execute("insert into dockhand_actions (hook, args, priority, status, scheduled_at,"
+              " max_attempts, created_at) values ('x', '{}', 10, 'pending', 0, 3, 0)")
+c.execute("commit")
+claim = """UPDATE dockhand_actions SET status = 'running', lease_owner = 'o',
+  lease_token = lease_token + 1, lease_until = 1, attempt = attempt + 1, started_at = 1
+  WHERE id IN (SELECT id FROM dockhand_actions WHERE status = 'pending' AND scheduled_at <= 1
+               ORDER BY priority, scheduled_at, id LIMIT 8)
+  RETURNING id, lease_token"""
+done = """UPDATE dockhand_actions SET status = 'complete', finished_at = 2, lease_owner = NULL,
+  lease_until = NULL
+  FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
+        FROM json_each(?1)) AS l
+  WHERE dockhand_actions.id = l.id AND dockhand_actions.lease_token = l.token
+    AND status = 'running' RETURNING dockhand_actions.id"""
+s = time.perf_counter()
+while True:
+    rows = c.execute(claim).fetchall()
+    if not rows:
+        break
+    c.execute("begin immediate")
+    ids = c.execute(done, (json.dumps(rows),)).fetchall()
+    c.execute("INSERT INTO dockhand_action_logs (action_id, at, event)"
+              " SELECT value, 2, 'completed' FROM json_each(?)", (json.dumps([i[0] for i in ids]),))
+    c.execute("commit")
+e = time.perf_counter() - s
+print(f"floor=sqlite-python-drain-batch8 per_sec={10000/e:.0f}")
+PY
+
+# PostgreSQL: pgbench, one autocommitted single-row insert per transaction, 1 and 8 clients.
+psql "$PGURL" -qc "set client_min_messages = warning; drop table if exists dockhand_floor; create table dockhand_floor (id bigserial primary key, v text)"
+echo "insert into dockhand_floor (v) values ('x');" > /tmp/dockhand_floor.sql
+for c in 1 8; do
+  tps=$("$PGBIN/pgbench" -n -f /tmp/dockhand_floor.sql -T 5 -c "$c" "$PGURL" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+  echo "floor=pg-pgbench-insert clients=$c per_sec=${tps%.*}"
+done
+psql "$PGURL" -qc "drop table dockhand_floor"
+
+# MariaDB: mariadb-slap, autocommitted single-row inserts, 1 client.
+if command -v mariadb-slap >/dev/null; then
+  out=$(mariadb-slap -h 127.0.0.1 -u root --create-schema=dockhand_floor \
+    --create="create table t (id bigint auto_increment primary key, v varchar(10)) engine=innodb" \
+    --query="insert into t (v) values ('x')" --number-of-queries=2000 --concurrency=1 --iterations=1 2>/dev/null)
+  secs=$(echo "$out" | sed -n 's/.*Average number of seconds to run all queries: \([0-9.]*\).*/\1/p')
+  echo "floor=mariadb-slap-insert clients=1 per_sec=$(python3 -c "print(round(2000/$secs))")"
+fi
