@@ -282,6 +282,30 @@ impl Engine {
         }
     }
 
+    /// R1: the reaper marked action `action_id` failed (its lease expired with no attempt
+    /// left). When it is a step action, its job follows through the bridge as
+    /// `failed / retry_exhausted`, exactly as if the last attempt had failed in a runner.
+    pub(crate) async fn on_action_reaped(&self, action_id: i64) {
+        let action = match self.store.get(action_id).await {
+            Ok(Some(a)) if a.hook == super::STEP_HOOK => a,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::error!(action_id, error = %e, "could not read a reaped action; recover-stuck will finish its job");
+                return;
+            }
+        };
+        let Some(job_id) = action.args.get("job").and_then(|v| v.as_i64()) else {
+            return;
+        };
+        tracing::warn!(job_id, action_id, "step lease expired with no attempt left");
+        if let Err(e) = self
+            .bridge(job_id, JobStatus::Failed, Some(reason::RETRY_EXHAUSTED))
+            .await
+        {
+            tracing::error!(job_id, error = %e, "could not finish the job; recover-stuck will");
+        }
+    }
+
     /// Claims `identity` for the step's job; when it was processed already, asks the reprocess
     /// callback (with the executing step's id) whether to take it again.
     pub(crate) async fn claim_for_step(

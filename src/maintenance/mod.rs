@@ -167,6 +167,11 @@ impl Maintenance {
                     .await?;
                 report.requeued += r.requeued;
                 report.reaped_failed += r.failed;
+                if let Some(engine) = &self.outbox {
+                    for &id in &r.failed_ids {
+                        engine.on_action_reaped(id).await;
+                    }
+                }
                 if r.requeued > 0 {
                     metrics::counter!(telemetry::REAPED, "outcome" => "requeued")
                         .increment(r.requeued);

@@ -179,12 +179,14 @@ pub enum FinishResult {
 }
 
 /// What the lease reaper did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ReapReport {
     /// Expired leases put back to pending (attempt counted).
     pub requeued: u64,
     /// Expired leases with no attempts left, marked failed.
     pub failed: u64,
+    /// The ids of the actions marked failed (so the jobs they drive can follow, R1).
+    pub failed_ids: Vec<i64>,
 }
 
 /// Age limits for retention.

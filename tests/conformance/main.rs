@@ -58,6 +58,7 @@ conformance!(
     s_t4_inline_continuation_carries_both_claims,
     s_b12_engine_data_compare_and_swap,
     jobs_park_resume_and_retries_keep_claims,
+    r1_reaped_step_finishes_its_job_through_the_bridge,
     // Batches (S-B1 … S-B11)
     s_b1_twenty_five_packets_in_chunks_of_ten,
     s_b2_chunk_delivered_twice_makes_no_duplicates,

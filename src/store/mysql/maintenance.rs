@@ -43,13 +43,17 @@ pub(super) async fn reap_expired(
         )
         .await?;
         tx.commit().await.map_err(Error::db("reap_expired"))?;
-        Ok(ReapReport { requeued, failed })
+        Ok(ReapReport {
+            requeued: requeued.len() as u64,
+            failed: failed.len() as u64,
+            failed_ids: failed,
+        })
     })
     .await
 }
 
 /// Picks up to `limit` expired running actions matching `cond`, applies `set` (whose one `?`
-/// is `now`) plus the lease-expired error, and logs `event` for each; returns how many.
+/// is `now`) plus the lease-expired error, and logs `event` for each; returns their ids.
 async fn reap(
     tx: &mut MySqlConnection,
     now: DateTime<Utc>,
@@ -57,7 +61,7 @@ async fn reap(
     cond: &str,
     set: &str,
     event: &str,
-) -> Result<u64> {
+) -> Result<Vec<i64>> {
     let ids: Vec<i64> = sqlx::query_scalar(&format!(
         "SELECT id FROM dockhand_actions
          WHERE status = 'running' AND lease_until < ? AND {cond}
@@ -69,7 +73,7 @@ async fn reap(
     .await
     .map_err(Error::db("reap_expired"))?;
     if ids.is_empty() {
-        return Ok(0);
+        return Ok(ids);
     }
     let mut qb: QueryBuilder<MySql> = QueryBuilder::new("UPDATE dockhand_actions SET ");
     let (head, tail) = set.split_once('?').unwrap_or((set, ""));
@@ -93,7 +97,7 @@ async fn reap(
         .execute(&mut *tx)
         .await
         .map_err(Error::db("reap_expired (log)"))?;
-    Ok(ids.len() as u64)
+    Ok(ids)
 }
 
 pub(super) async fn prune(store: &MySqlStore, c: &PruneCutoffs) -> Result<u64> {

@@ -64,6 +64,7 @@ pub(super) async fn reap_expired(
     Ok(ReapReport {
         requeued: requeued.len() as u64,
         failed: failed.len() as u64,
+        failed_ids: failed,
     })
 }
 

@@ -385,3 +385,45 @@ pub async fn jobs_park_resume_and_retries_keep_claims(db: TestDb) {
     let bad = db.runtime().pipeline(Pipeline::new("empty")).build().await;
     assert!(bad.unwrap_err().to_string().contains("no steps"));
 }
+
+/// R1: a step whose worker died on its last attempt is failed by the lease reaper, and its job
+/// follows through the bridge (`failed / retry_exhausted`, hook delivered once) without waiting
+/// for `recover-stuck`.
+pub async fn r1_reaped_step_finishes_its_job_through_the_bridge(db: TestDb) {
+    use dockhand::store::ClaimRequest;
+    let events: Events = Arc::default();
+    let rt = routes_runtime(&db, &events).await;
+    let jobs = rt.jobs();
+    let job = jobs
+        .start("route", json!({"item": "dead", "mode": "ok"}))
+        .await
+        .unwrap();
+    // A worker claims the step twice (the pipeline allows 2 attempts) and dies each time.
+    for attempt in 1..=2 {
+        let now = db.clock.now();
+        let claimed = db
+            .store
+            .claim(&ClaimRequest {
+                owner: "dead-worker",
+                limit: 10,
+                now,
+                lease_until: now + chrono::Duration::seconds(30),
+                hooks: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 1, "attempt {attempt}: the step action");
+        assert_eq!(claimed[0].attempt, attempt);
+        db.clock.advance(chrono::Duration::seconds(31));
+        rt.run_maintenance_once().await.unwrap();
+    }
+    let j = jobs.get(job).await.unwrap();
+    assert_eq!(
+        (j.status, j.reason.as_deref()),
+        (JobStatus::Failed, Some("retry_exhausted"))
+    );
+    rt.run_maintenance_once().await.unwrap();
+    let delivered: Vec<i64> = events.lock().unwrap().iter().map(|e| e.job_id).collect();
+    assert_eq!(delivered, vec![job], "the lifecycle hook ran once");
+    assert!(jobs.check().await.unwrap().is_empty(), "audit clean");
+}
