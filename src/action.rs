@@ -19,6 +19,9 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 pub const MAX_NAME_LEN: usize = 191;
 /// Largest accepted serialized args document, in bytes.
 pub const MAX_ARGS_BYTES: usize = 16 * 1024 * 1024;
+/// Deepest accepted nesting of arrays and objects in args: deeper documents could be stored but
+/// not read back (`serde_json` stops at 128 levels; the row would read as corrupt).
+pub const MAX_ARGS_DEPTH: usize = 64;
 
 /// How duplicates of an action are recognised while one is pending or running.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -209,13 +212,23 @@ pub(crate) fn validate_name(field: &'static str, value: &str, allow_empty: bool)
 }
 
 /// Serializes args canonically (object keys sorted) and rejects what a backend cannot store
-/// faithfully: NUL characters in strings (PostgreSQL `jsonb` refuses them) and oversized documents.
+/// faithfully: NUL characters in strings (PostgreSQL `jsonb` refuses them), nesting deeper than
+/// [`MAX_ARGS_DEPTH`] (it could not be read back) and oversized documents.
 pub fn encode_args(args: &Value) -> Result<String> {
-    if contains_nul(args) {
-        return Err(Error::invalid(
-            "args",
-            "strings must not contain the NUL character (\\u0000)",
-        ));
+    match scan(args, 0) {
+        Scan::Ok => {}
+        Scan::Nul => {
+            return Err(Error::invalid(
+                "args",
+                "strings must not contain the NUL character (\\u0000)",
+            ))
+        }
+        Scan::TooDeep => {
+            return Err(Error::invalid(
+                "args",
+                format!("nests arrays/objects more than {MAX_ARGS_DEPTH} levels deep"),
+            ))
+        }
     }
     let text = serde_json::to_string(args).map_err(|e| Error::invalid("args", e.to_string()))?;
     if text.len() > MAX_ARGS_BYTES {
@@ -232,13 +245,35 @@ pub fn parse_args(text: &str) -> Result<Value> {
     serde_json::from_str(text).map_err(|e| Error::invalid("args", format!("not valid JSON: {e}")))
 }
 
-fn contains_nul(v: &Value) -> bool {
-    match v {
-        Value::String(s) => s.contains('\0'),
-        Value::Array(a) => a.iter().any(contains_nul),
-        Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
-        _ => false,
+enum Scan {
+    Ok,
+    Nul,
+    TooDeep,
+}
+
+/// Looks for NUL and excess depth; never descends past [`MAX_ARGS_DEPTH`] + 1 levels.
+fn scan(v: &Value, depth: usize) -> Scan {
+    let children: Box<dyn Iterator<Item = &Value>> = match v {
+        Value::String(s) if s.contains('\0') => return Scan::Nul,
+        Value::Array(a) => Box::new(a.iter()),
+        Value::Object(o) => {
+            if o.keys().any(|k| k.contains('\0')) {
+                return Scan::Nul;
+            }
+            Box::new(o.values())
+        }
+        _ => return Scan::Ok,
+    };
+    if depth >= MAX_ARGS_DEPTH {
+        return Scan::TooDeep;
     }
+    for c in children {
+        match scan(c, depth + 1) {
+            Scan::Ok => {}
+            other => return other,
+        }
+    }
+    Scan::Ok
 }
 
 /// The uniqueness key for "same hook, args and group".
@@ -419,6 +454,17 @@ mod tests {
         assert_ne!(a, content_key("h", "{}", Some("g")));
         assert_ne!(a, content_key("h", "[]", None));
         assert_ne!(a, content_key("i", "{}", None));
+    }
+
+    #[test]
+    fn rejects_args_nested_too_deep() {
+        let mut v = json!(1);
+        for _ in 0..MAX_ARGS_DEPTH {
+            v = json!([v]);
+        }
+        assert!(encode_args(&v).is_ok());
+        let e = encode_args(&json!({ "k": v })).unwrap_err().to_string();
+        assert!(e.starts_with("invalid args: nests"), "{e}");
     }
 
     #[test]

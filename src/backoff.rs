@@ -69,7 +69,10 @@ impl Backoff {
         } else {
             1.0
         };
-        Duration::milliseconds((capped * spread).max(0.0) as i64)
+        // The cap again in whole milliseconds: `max_ms` as f64 may round up past it.
+        let max_whole = self.max.as_millis().min(i64::MAX as u128 / 4) as i64;
+        let bound = max_whole.saturating_add((max_whole as f64 * jitter) as i64);
+        Duration::milliseconds(((capped * spread).max(0.0) as i64).min(bound))
     }
 }
 
@@ -97,6 +100,14 @@ mod tests {
         for a in [i32::MIN, -1, 0, 1, 2, 1000, i32::MAX] {
             assert!(b.delay(a) >= Duration::zero());
         }
+    }
+
+    #[test]
+    fn cap_holds_to_the_millisecond() {
+        // 15591306317070267 ms is not an f64: it rounds up to …268, one past the cap.
+        let max = StdDuration::from_millis(15_591_306_317_070_267);
+        let b = Backoff::fixed_exponential(StdDuration::MAX / 2, 2.0, max);
+        assert_eq!(b.delay(1).num_milliseconds(), 15_591_306_317_070_267);
     }
 
     #[test]

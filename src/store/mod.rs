@@ -432,8 +432,14 @@ pub async fn connect(url: &str) -> Result<DynStore> {
     }
 }
 
-/// The URL with any password replaced by `***`, for messages and logs.
+/// The URL with any password replaced by `***`, for messages and logs: the one in the
+/// user-info part (`scheme://user:PASSWORD@host`) and the value of any `password=` query
+/// parameter (PostgreSQL URLs accept one; the key is compared percent-decoded).
 pub fn redact_url(url: &str) -> String {
+    redact_query_password(&redact_userinfo(url))
+}
+
+fn redact_userinfo(url: &str) -> String {
     if let Some((scheme, rest)) = url.split_once("://") {
         if let Some((creds, host)) = rest.rsplit_once('@') {
             if let Some((user, _)) = creds.split_once(':') {
@@ -442,6 +448,54 @@ pub fn redact_url(url: &str) -> String {
         }
     }
     url.to_string()
+}
+
+fn redact_query_password(url: &str) -> String {
+    let Some((head, rest)) = url.split_once('?') else {
+        return url.to_string();
+    };
+    let (query, fragment) = match rest.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (rest, None),
+    };
+    let query = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if percent_decode(key).eq_ignore_ascii_case("password") => {
+                format!("{key}=***")
+            }
+            _ => pair.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    match fragment {
+        Some(f) => format!("{head}?{query}#{f}"),
+        None => format!("{head}?{query}"),
+    }
+}
+
+/// `%XX` and `+` decoding of a query key (invalid sequences are kept as they are).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The shared in-process wake-up signal each store owns.
@@ -495,5 +549,13 @@ mod tests {
         );
         assert_eq!(redact_url("mariadb://u:p@ss@h/db"), "mariadb://u:***@h/db");
         assert_eq!(redact_url("mysql://root@h/db"), "mysql://root@h/db");
+        assert_eq!(
+            redact_url("postgres://u@h/db?sslmode=disable&password=pw#f"),
+            "postgres://u@h/db?sslmode=disable&password=***#f"
+        );
+        assert_eq!(
+            redact_url("postgres://h/db?pass%77ord=pw"),
+            "postgres://h/db?pass%77ord=***"
+        );
     }
 }
