@@ -1,5 +1,6 @@
 //! The fault-point sweep (RELIABILITY.md §1): one small workload — a pipeline job whose step
-//! claims items and fans them out as a batch in chunks, plus plain actions — is run once over a
+//! claims items and fans them out as a batch in chunks, a two-step job holding one claim, and
+//! two plain actions (one completes a free-standing claim explicitly) — is run once over a
 //! [`FaultyStore`] without faults to learn its sequence of store calls; then, for every call of
 //! the methods in [`SWEPT`], on a fresh database, the workload is run with that call faulted
 //! (`FailBefore`, and separately `ExecuteThenFail`), the store healed, the queue drained as an
@@ -20,11 +21,15 @@ use crate::harness::{t0, TestDb};
 use async_trait::async_trait;
 use dockhand::batch::recovery::RecoverOptions;
 use dockhand::claims::ledger::TrackedItems;
-use dockhand::claims::{CompletionContext, CompletionHandler, CompletionTx};
+use dockhand::claims::{
+    ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionContext, CompletionHandler,
+    CompletionTx,
+};
 use dockhand::store::faulty::{FaultMode, FaultyStore};
 use dockhand::{
     ActionSpec, CompletionConfig, DynStore, HandlerError, Packet, Pipeline, Runtime, StepOutput,
 };
+use dockhand::{Clock, Identity, TestClock};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -33,6 +38,12 @@ use std::time::Instant;
 
 /// Items the split step claims and fans out.
 pub(super) const ITEMS: usize = 5;
+/// The item of the two-step `solo` job.
+const SOLO_ITEM: &str = "solo-0";
+/// The item the second plain action claims and completes without a job.
+const FREE_ITEM: &str = "free-0";
+/// The pipelines the producer starts one job of.
+const PIPELINES: [&str; 2] = ["sweep", "solo"];
 /// Worklist rows per chunk action.
 const CHUNK: u32 = 2;
 /// Unique keys of the plain actions the workload enqueues.
@@ -160,6 +171,59 @@ fn pipeline() -> Pipeline {
         .chunk_size(CHUNK)
 }
 
+/// `solo` claims one item and moves on to a second step (a step advance); finishing the job
+/// completes the claim.
+fn solo() -> Pipeline {
+    Pipeline::new("solo")
+        .step("take", |ctx| async move {
+            ctx.claim_in(SCOPE, "src", SOLO_ITEM, ledger_config())
+                .await
+                .map_err(HandlerError::retry)?
+                .ok_or_else(|| HandlerError::retry("item held"))?;
+            Ok(StepOutput::one(json!({})))
+        })
+        .step("done", |_ctx| async { Ok(StepOutput::one(json!({}))) })
+}
+
+/// Every item the workload claims: the batch's, the solo job's and the free-standing one.
+pub(super) fn items() -> Vec<String> {
+    let mut v: Vec<String> = (0..ITEMS).map(|i| format!("item-{i}")).collect();
+    v.extend([SOLO_ITEM.to_string(), FREE_ITEM.to_string()]);
+    v
+}
+
+/// The second plain action's work: a free-standing claim (no job) completed explicitly with
+/// the ledger handler; retried while someone holds the item, done once it is processed.
+async fn free_claim(store: DynStore, clock: TestClock) -> Result<(), HandlerError> {
+    let identity = Identity::new(SCOPE, "src", FREE_ITEM).map_err(HandlerError::fatal)?;
+    let req = ClaimItemRequest {
+        identity,
+        job_id: None,
+        ttl: chrono::Duration::minutes(10),
+        completion: ledger_config(),
+        reprocess: false,
+    };
+    match store
+        .claim_item(&req, clock.now())
+        .await
+        .map_err(HandlerError::retry)?
+    {
+        ClaimOutcome::Claimed(d) => {
+            let handler: Arc<dyn CompletionHandler> = Arc::new(SweepLedger);
+            match store
+                .complete_claim(&d, Some(handler), clock.now())
+                .await
+                .map_err(HandlerError::retry)?
+            {
+                CompleteOutcome::Completed => Ok(()),
+                CompleteOutcome::Lost => Err(HandlerError::retry("claim lost")),
+            }
+        }
+        ClaimOutcome::AlreadyProcessed => Ok(()),
+        ClaimOutcome::HeldByOther => Err(HandlerError::retry("item held")),
+    }
+}
+
 fn plain(key: &str) -> ActionSpec {
     ActionSpec::new(PLAIN_HOOK, json!({"key": key})).unique_key(key)
 }
@@ -193,10 +257,14 @@ pub struct RunReport {
     pub log: Vec<&'static str>,
     /// Whether the planned fault fired.
     pub fired: bool,
-    /// The final status (and reason) of the pipeline job(s).
+    /// The final status (and reason) of the pipeline job(s), and how many items were
+    /// processed.
     pub outcome: String,
     /// Broken invariants.
     pub violations: Vec<String>,
+    /// Jobs only `recover-stuck` moved on (requeued, chunk re-armed, parent completed, failed
+    /// stale): no durable wake-up was left for them.
+    pub rescued: u64,
 }
 
 /// Every table the store writes, and the sweep ledger: emptied before each point.
@@ -237,7 +305,8 @@ pub async fn run_point(db: &TestDb, point: Option<Point>) -> RunReport {
     let rt = runtime(db, &faulty).await;
     // The producer: one job and the plain actions, each failure retried once at once.
     produce(db, &rt).await;
-    let _ = drive(db, &rt, true, crash.then_some(&*faulty)).await;
+    let mut rescued = 0;
+    let _ = drive(db, &rt, true, crash.then_some(&*faulty), &mut rescued).await;
     let log = faulty.call_log();
     faulty.heal();
     // After a crash, a restarted process: a new runtime, and the producer re-submits what it
@@ -250,7 +319,7 @@ pub async fn run_point(db: &TestDb, point: Option<Point>) -> RunReport {
         rt
     };
     let mut violations = Vec::new();
-    if let Err(e) = drive(db, &rt, false, None).await {
+    if let Err(e) = drive(db, &rt, false, None, &mut rescued).await {
         violations.push(format!("drain after heal: {e}"));
     }
     violations.extend(invariants(db).await);
@@ -259,21 +328,24 @@ pub async fn run_point(db: &TestDb, point: Option<Point>) -> RunReport {
         .into_iter()
         .filter(|j| j.parent_id.is_none())
         .map(|j| match j.reason {
-            Some(r) => format!("{}/{r}", j.status),
-            None => j.status.to_string(),
+            Some(r) => format!("{} {}/{r}", j.pipeline, j.status),
+            None => format!("{} {}", j.pipeline, j.status),
         })
-        .collect::<Vec<_>>()
-        .join("+");
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect::<Vec<_>>();
+    let mut done = 0;
+    for item in items() {
+        done += usize::from(db.store.tracked_item(NS, &item).await.unwrap().is_some());
+    }
+    let outcome = format!("{}, {done}/{} items", outcome.join(" + "), items().len());
     let fired = faulty.injected() > 0;
     RunReport {
         log,
         fired,
-        outcome: if outcome.is_empty() {
-            "no job".into()
-        } else {
-            outcome
-        },
+        outcome,
         violations,
+        rescued,
     }
 }
 
@@ -301,25 +373,38 @@ async fn drain(rt: &Runtime) -> dockhand::Result<()> {
 /// The workload's runtime over the fault-injecting store (one action at a time, so the call
 /// sequence is the same on every run).
 async fn runtime(db: &TestDb, faulty: &Arc<FaultyStore>) -> Runtime {
+    let (store, clock) = (faulty.clone() as DynStore, db.clock.clone());
     db.runtime_on(faulty.clone() as DynStore)
         .concurrency(1)
         .pipeline(pipeline())
+        .pipeline(solo())
         .completion_handler("sweep_ledger", Arc::new(SweepLedger))
-        .handler(PLAIN_HOOK, |_ctx| async { Ok(()) })
+        .handler(PLAIN_HOOK, move |ctx| {
+            let (store, clock) = (store.clone(), clock.clone());
+            async move {
+                match ctx.args["key"] == PLAIN[1] {
+                    true => free_claim(store, clock).await,
+                    false => Ok(()),
+                }
+            }
+        })
         .build()
         .await
         .unwrap()
 }
 
-/// The producer: starts the job unless one exists, and enqueues each plain action unless one
+/// The producer: starts a job of each pipeline unless one exists, and enqueues each plain action unless one
 /// with its key exists; a failed call is retried once at once (a job start has no idempotency
 /// key, so it is retried only when no job was stored).
 async fn produce(db: &TestDb, rt: &Runtime) {
-    if all_jobs(db).await.is_empty()
-        && rt.jobs().start("sweep", json!({})).await.is_err()
-        && all_jobs(db).await.is_empty()
-    {
-        let _ = rt.jobs().start("sweep", json!({})).await;
+    for p in PIPELINES {
+        let exists = |jobs: Vec<dockhand::jobs::Job>| jobs.iter().any(|j| j.pipeline == p);
+        if !exists(all_jobs(db).await)
+            && rt.jobs().start(p, json!({})).await.is_err()
+            && !exists(all_jobs(db).await)
+        {
+            let _ = rt.jobs().start(p, json!({})).await;
+        }
     }
     let existing = actions(db, Some(PLAIN_HOOK), Vec::new()).await;
     for key in PLAIN {
@@ -334,12 +419,13 @@ async fn produce(db: &TestDb, rt: &Runtime) {
 
 /// Drains, lets the operator recover stranded jobs, and moves the clock on, until nothing is
 /// left to do. With `tolerate`, store errors (the injected fault) are ignored; with `crashed`,
-/// it stops once that store has crashed.
+/// it stops once that store has crashed. Adds the jobs `recover-stuck` moved to `rescued`.
 async fn drive(
     db: &TestDb,
     rt: &Runtime,
     tolerate: bool,
     crashed: Option<&FaultyStore>,
+    rescued: &mut u64,
 ) -> Result<(), String> {
     let opts = RecoverOptions {
         dry_run: false,
@@ -356,7 +442,11 @@ async fn drive(
         }
         match rt.jobs().recover_stuck(&opts).await {
             Err(e) if !tolerate => return Err(format!("recover-stuck: {e}")),
-            _ => {}
+            Err(_) => {}
+            Ok(r) => {
+                *rescued +=
+                    r.requeued + r.chunk_rearmed + r.batch_parents_completed + r.failed_stale
+            }
         }
         db.clock.advance(round());
     }
@@ -364,21 +454,29 @@ async fn drive(
 }
 
 /// The sweep points of a counting-pass call log: every call of a [`SWEPT`] method, faulted
-/// in each mode, and a crash right after it.
+/// in each mode, and a crash right after it. Left out: `claim` calls that found nothing (the
+/// next call is another claim or maintenance), and crashes right after an action's `finish`
+/// (the process had nothing in flight: a clean stop).
 pub fn points(log: &[&'static str]) -> Vec<Point> {
     let mut seen: BTreeMap<&str, u64> = BTreeMap::new();
     let (mut faults, mut crashes) = (Vec::new(), Vec::new());
     for (k, method) in log.iter().enumerate() {
         let nth = seen.entry(method).or_default();
         *nth += 1;
-        if SWEPT.contains(method) {
-            for mode in [FaultMode::FailBefore, FaultMode::ExecuteThenFail] {
-                faults.push(Point::Fault {
-                    method,
-                    nth: *nth,
-                    mode,
-                });
-            }
+        let next = log.get(k + 1).copied();
+        let empty_claim =
+            *method == "claim" && matches!(next, None | Some("claim" | "reap_expired"));
+        if !SWEPT.contains(method) || empty_claim {
+            continue;
+        }
+        for mode in [FaultMode::FailBefore, FaultMode::ExecuteThenFail] {
+            faults.push(Point::Fault {
+                method,
+                nth: *nth,
+                mode,
+            });
+        }
+        if *method != "finish" {
             crashes.push(Point::Crash {
                 method,
                 at: k as u64 + 1,
@@ -402,7 +500,10 @@ pub async fn sweep_fault_points(db: TestDb) {
         "the workload without faults breaks invariants: {:?}",
         clean.violations
     );
-    assert_eq!(clean.outcome, "completed", "the workload without faults");
+    assert_eq!(
+        clean.outcome, "solo completed + sweep completed, 7/7 items",
+        "the workload without faults"
+    );
     let all = points(&clean.log);
     let crashes = all
         .iter()
@@ -436,9 +537,20 @@ pub async fn sweep_fault_points(db: TestDb) {
     }
     let (mut fired, mut failing) = (0, Vec::new());
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    // Single faults that only recover-stuck repaired (no durable wake-up was left), by method
+    // and mode; and how many crash points needed it.
+    let mut rescued: BTreeMap<String, usize> = BTreeMap::new();
+    let mut crash_rescued = 0;
     while let Some(reports) = shards.join_next().await {
         for (p, r) in reports.expect("sweep shard") {
             fired += usize::from(r.fired);
+            match p {
+                Point::Fault { method, mode, .. } if r.rescued > 0 => {
+                    *rescued.entry(format!("{method} {mode:?}")).or_default() += 1;
+                }
+                Point::Crash { .. } if r.rescued > 0 => crash_rescued += 1,
+                _ => {}
+            }
             *outcomes.entry(r.outcome).or_default() += 1;
             if !r.violations.is_empty() {
                 failing.push(format!("{p:?}: {:?}", r.violations));
@@ -449,7 +561,8 @@ pub async fn sweep_fault_points(db: TestDb) {
         std::io::stderr(),
         "sweep[{kind:?}]: {} store calls in the workload; {} points swept ({} faults: \
          FailBefore + ExecuteThenFail, {} crashes); {fired} faults injected, {} not exercised, \
-         {} failing; outcomes {outcomes:?}; points by method {per_method:?}; {:.1}s",
+         {} failing; outcomes {outcomes:?}; repaired only by recover-stuck: faults {rescued:?}, \
+         {crash_rescued} crashes; points by method {per_method:?}; {:.1}s",
         clean.log.len(),
         all.len(),
         all.len() - crashes,

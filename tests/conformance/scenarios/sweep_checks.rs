@@ -1,7 +1,7 @@
 //! The invariant checks of the fault-point sweep (RELIABILITY.md §3), run against the database
 //! after a sweep point was healed and drained, and the reads they and the driver share.
 
-use super::sweep::{ITEMS, NS, PLAIN, PLAIN_HOOK, SCOPE};
+use super::sweep::{items, NS, PLAIN, PLAIN_HOOK, SCOPE};
 use crate::harness::TestDb;
 use dockhand::claims::{ClaimFilter, ClaimStatus};
 use dockhand::jobs::JobFilter;
@@ -121,13 +121,14 @@ pub async fn invariants(db: &TestDb) -> Vec<String> {
         }
     }
     // I2: each item's side effect at most once, and exactly when its claim is processed.
-    let queries: Vec<String> = (0..ITEMS)
-        .map(|i| format!("SELECT COUNT(*) FROM sweep_ledger WHERE item_id = 'item-{i}'"))
+    let items = items();
+    let queries: Vec<String> = items
+        .iter()
+        .map(|i| format!("SELECT COUNT(*) FROM sweep_ledger WHERE item_id = '{i}'"))
         .collect();
     let queries: Vec<&str> = queries.iter().map(String::as_str).collect();
     let ledger = db.count_all(&queries).await;
-    for (i, rows) in ledger.into_iter().enumerate() {
-        let item = format!("item-{i}");
+    for (item, rows) in items.iter().zip(ledger) {
         if rows > 1 {
             v.push(format!("ledger: {item} written {rows} times"));
         }
@@ -138,7 +139,7 @@ pub async fn invariants(db: &TestDb) -> Vec<String> {
             .await
             .unwrap()
             .is_some_and(|c| c.status == ClaimStatus::Processed);
-        let tracked = db.store.tracked_item(NS, &item).await.unwrap().is_some();
+        let tracked = db.store.tracked_item(NS, item).await.unwrap().is_some();
         if (rows == 1) != processed || tracked != processed {
             v.push(format!(
                 "{item}: {rows} ledger row(s), tracked {tracked}, claim processed {processed}"
