@@ -4,6 +4,13 @@
 //!
 //! It wraps a real store: every call that is not faulted runs against the real database. It is
 //! how the failure routes of the runner, the terminal bridge and item claims are tested.
+//!
+//! A crash ([`FaultyStore::crash_at`]) fails one call and every call after it, whatever the
+//! method, until healed: the process stopped there, and a restarted one carries on.
+//!
+//! It also keeps a call log ([`FaultyStore::call_log`]): the method name of every call, in
+//! order, faulted or not. The fault-point sweep runs a workload once without faults to learn
+//! its call sequence, then faults each point of it in turn.
 
 use super::delegate::delegate_store;
 use super::{
@@ -59,6 +66,9 @@ pub struct FaultyStore {
     inner: DynStore,
     plan: Mutex<Vec<Fault>>,
     calls: Mutex<HashMap<String, u64>>,
+    log: Mutex<Vec<&'static str>>,
+    /// A planned crash: (1-based index into the call log, mode of that call).
+    crash: Mutex<Option<(u64, FaultMode)>>,
     injected: AtomicU64,
 }
 
@@ -66,6 +76,7 @@ impl std::fmt::Debug for FaultyStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FaultyStore")
             .field("plan", &self.plan)
+            .field("crash", &self.crash)
             .field("injected", &self.injected)
             .finish()
     }
@@ -82,6 +93,8 @@ impl FaultyStore {
             inner,
             plan: Mutex::new(Vec::new()),
             calls: Mutex::new(HashMap::new()),
+            log: Mutex::new(Vec::new()),
+            crash: Mutex::new(None),
             injected: AtomicU64::new(0),
         })
     }
@@ -106,14 +119,29 @@ impl FaultyStore {
         });
     }
 
-    /// Removes every planned fault.
+    /// Simulates a crash of the process at its `nth` store call from now, whatever the
+    /// method: that call fails in `mode` (`FailBefore`: it does not run; `ExecuteThenFail`: it
+    /// commits first), and every later call fails before running, until healed.
+    pub fn crash_at(&self, nth: u64, mode: FaultMode) {
+        let base = lock(&self.log).len() as u64;
+        *lock(&self.crash) = Some((base + nth.max(1), mode));
+    }
+
+    /// Removes every planned fault and crash.
     pub fn heal(&self) {
         lock(&self.plan).clear();
+        *lock(&self.crash) = None;
     }
 
     /// Calls of `method` so far.
     pub fn calls(&self, method: &str) -> u64 {
         lock(&self.calls).get(method).copied().unwrap_or(0)
+    }
+
+    /// The method name of every call so far, in call order (faulted calls included). Calls
+    /// made concurrently are logged in the order they reached the wrapper.
+    pub fn call_log(&self) -> Vec<&'static str> {
+        lock(&self.log).clone()
     }
 
     /// Faults injected so far.
@@ -132,16 +160,28 @@ impl FaultyStore {
     }
 
     async fn before(&self, method: &'static str) -> Result<Option<FaultMode>> {
+        let k = {
+            let mut log = lock(&self.log);
+            log.push(method);
+            log.len() as u64
+        };
+        let crashed = match *lock(&self.crash) {
+            Some((at, mode)) if k == at => Some(mode),
+            Some((at, _)) if k > at => Some(FaultMode::FailBefore),
+            _ => None,
+        };
         let n = {
             let mut calls = lock(&self.calls);
             let c = calls.entry(method.to_string()).or_default();
             *c += 1;
             *c
         };
-        let mode = lock(&self.plan)
-            .iter()
-            .find(|f| f.method == method && (f.nth == n || (f.every_after && n >= f.nth)))
-            .map(|f| f.mode);
+        let mode = crashed.or_else(|| {
+            lock(&self.plan)
+                .iter()
+                .find(|f| f.method == method && (f.nth == n || (f.every_after && n >= f.nth)))
+                .map(|f| f.mode)
+        });
         match mode {
             None => Ok(None),
             Some(FaultMode::Delay(d)) => {

@@ -177,12 +177,19 @@ impl TestDb {
 
     /// Runs raw SQL against the test database (to tamper with stored data in failure tests).
     pub async fn exec_sql(&self, sql: &str) {
+        self.exec_all(&[sql]).await;
+    }
+
+    /// Runs raw SQL statements, in order, over one connection pool.
+    pub async fn exec_all(&self, sqls: &[&str]) {
         match self.kind {
             Kind::Sqlite => {
                 let pool = sqlx::SqlitePool::connect(&self.url)
                     .await
                     .expect("open sqlite");
-                sqlx::query(sql).execute(&pool).await.expect("exec sql");
+                for sql in sqls {
+                    sqlx::query(sql).execute(&pool).await.expect("exec sql");
+                }
                 pool.close().await;
             }
             Kind::Postgres => {
@@ -192,7 +199,9 @@ impl TestDb {
                     .expect("pg url")
                     .options([("search_path", schema.as_str())]);
                 let pool = sqlx::PgPool::connect_with(opts).await.expect("open pg");
-                sqlx::query(sql).execute(&pool).await.expect("exec sql");
+                for sql in sqls {
+                    sqlx::query(sql).execute(&pool).await.expect("exec sql");
+                }
                 pool.close().await;
             }
             Kind::Mysql => {
@@ -201,10 +210,67 @@ impl TestDb {
                 let pool = sqlx::MySqlPool::connect_with(opts)
                     .await
                     .expect("open mysql");
-                sqlx::query(sql).execute(&pool).await.expect("exec sql");
+                for sql in sqls {
+                    sqlx::query(sql).execute(&pool).await.expect("exec sql");
+                }
                 pool.close().await;
             }
         }
+    }
+
+    /// Runs queries returning one integer each (a `COUNT(*)`), over one connection pool.
+    pub async fn count_all(&self, sqls: &[&str]) -> Vec<i64> {
+        let mut out = Vec::new();
+        match self.kind {
+            Kind::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(&self.url)
+                    .await
+                    .expect("open sqlite");
+                for sql in sqls {
+                    out.push(
+                        sqlx::query_scalar(sql)
+                            .fetch_one(&pool)
+                            .await
+                            .expect("count"),
+                    );
+                }
+                pool.close().await;
+            }
+            Kind::Postgres => {
+                use std::str::FromStr;
+                let schema = self.schema.clone().unwrap_or_else(|| "public".into());
+                let opts = sqlx::postgres::PgConnectOptions::from_str(&self.url)
+                    .expect("pg url")
+                    .options([("search_path", schema.as_str())]);
+                let pool = sqlx::PgPool::connect_with(opts).await.expect("open pg");
+                for sql in sqls {
+                    out.push(
+                        sqlx::query_scalar(sql)
+                            .fetch_one(&pool)
+                            .await
+                            .expect("count"),
+                    );
+                }
+                pool.close().await;
+            }
+            Kind::Mysql => {
+                let name = self.schema.clone().unwrap_or_else(|| "test".into());
+                let opts = MySqlStore::url_for_database(&self.url, &name).expect("mysql url");
+                let pool = sqlx::MySqlPool::connect_with(opts)
+                    .await
+                    .expect("open mysql");
+                for sql in sqls {
+                    out.push(
+                        sqlx::query_scalar(sql)
+                            .fetch_one(&pool)
+                            .await
+                            .expect("count"),
+                    );
+                }
+                pool.close().await;
+            }
+        }
+        out
     }
 
     pub async fn cleanup(self) {

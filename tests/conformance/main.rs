@@ -78,4 +78,6 @@ conformance!(
     fault_completion_ack_lost_is_not_repeated,
     fault_claim_ack_lost_is_taken_over_after_ttl,
     fault_transient_finish_is_retried_in_process,
+    // The fault-point sweep (RELIABILITY.md §1)
+    sweep_fault_points,
 );

@@ -8,6 +8,8 @@ mod queue_api;
 mod runner;
 mod schedules;
 mod store_api;
+mod sweep;
+mod sweep_checks;
 
 pub use batches::*;
 pub use claims::*;
@@ -17,6 +19,7 @@ pub use queue_api::*;
 pub use runner::*;
 pub use schedules::*;
 pub use store_api::*;
+pub use sweep::sweep_fault_points;
 
 use chrono::{DateTime, Utc};
 use dockhand::{ActionContext, HandlerError};

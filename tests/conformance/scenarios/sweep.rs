@@ -1,0 +1,586 @@
+//! The fault-point sweep (RELIABILITY.md §1): one small workload — a pipeline job whose step
+//! claims items and fans them out as a batch in chunks, a two-step job holding one claim, and
+//! two plain actions (one completes a free-standing claim explicitly) — is run once over a
+//! [`FaultyStore`] without faults to learn its sequence of store calls; then, for every call of
+//! the methods in [`SWEPT`], on a fresh database, the workload is run with that call faulted
+//! (`FailBefore`, and separately `ExecuteThenFail`), the store healed, the queue drained as an
+//! operator would (clock past leases and backoffs, maintenance, `recover-stuck`), and the
+//! invariants of RELIABILITY.md §3 asserted (see [`invariants`]).
+//!
+//! Besides single faults, every such call is also a crash point: the call commits, then the
+//! process stops (every later store call fails) until a restarted runtime carries on.
+//!
+//! Each point starts from an emptied database (every table cleared, the clock reset); the
+//! points run in [`WORKERS`] shards on separate databases. One summary line per backend goes
+//! to stderr. This file owns the workload and the driver; `sweep_checks` owns the invariant
+//! checks. A point that breaks an invariant is a bug: keep it as a named `sweep_regression_*`
+//! scenario here (none so far).
+
+use super::sweep_checks::{actions, all_jobs, invariants, settled};
+use crate::harness::{t0, TestDb};
+use async_trait::async_trait;
+use dockhand::batch::recovery::RecoverOptions;
+use dockhand::claims::ledger::TrackedItems;
+use dockhand::claims::{
+    ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionContext, CompletionHandler,
+    CompletionTx,
+};
+use dockhand::store::faulty::{FaultMode, FaultyStore};
+use dockhand::{
+    ActionSpec, CompletionConfig, DynStore, HandlerError, Packet, Pipeline, Runtime, StepOutput,
+};
+use dockhand::{Clock, Identity, TestClock};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Items the split step claims and fans out.
+pub(super) const ITEMS: usize = 5;
+/// The item of the two-step `solo` job.
+const SOLO_ITEM: &str = "solo-0";
+/// The item the second plain action claims and completes without a job.
+const FREE_ITEM: &str = "free-0";
+/// The pipelines the producer starts one job of.
+const PIPELINES: [&str; 2] = ["sweep", "solo"];
+/// Worklist rows per chunk action.
+const CHUNK: u32 = 2;
+/// Unique keys of the plain actions the workload enqueues.
+pub(super) const PLAIN: [&str; 2] = ["plain-a", "plain-b"];
+/// The hook of the plain actions.
+pub(super) const PLAIN_HOOK: &str = "sweep.plain";
+/// The ledger namespace and claim scope of the workload.
+pub(super) const NS: &str = "sweep";
+pub(super) const SCOPE: &str = "shared:sweep";
+/// Drive rounds (each: drain, recover-stuck, clock forward) before giving up.
+const MAX_ROUNDS: usize = 12;
+/// Runs per drain.
+const DRAIN_RUNS: usize = 500;
+/// Points run at once, each worker on its own database.
+const WORKERS: usize = 3;
+
+/// Store methods every call of which is a sweep point: the claim, batch, bridge and queue
+/// transitions. Reads and maintenance are left out to keep the sweep under a minute.
+pub const SWEPT: &[&str] = &[
+    "enqueue",
+    "claim",
+    "finish",
+    "finish_many",
+    "put_packets",
+    "create_job",
+    "start_step",
+    "advance_job",
+    "finish_job",
+    "claim_item",
+    "complete_claim",
+    "release_claim",
+    "fan_out",
+    "schedule_chunk",
+    "lease_work",
+    "create_child",
+    "settle_work",
+    "fence_batch",
+    "abort_batch",
+];
+
+/// The clock step between drive rounds: past the claim TTL (30 min), the row lease (5 min),
+/// action leases (30 s) and the test backoff.
+fn round() -> chrono::Duration {
+    chrono::Duration::minutes(31)
+}
+
+/// A completion handler that writes the tracked-items ledger and appends a row to
+/// `sweep_ledger`, a table without a unique constraint, in the claim's own transaction: a
+/// duplicate side effect is counted, not hidden.
+struct SweepLedger;
+
+const LEDGER_DDL: &str = "CREATE TABLE sweep_ledger (item_id VARCHAR(64) NOT NULL, \
+                          token VARCHAR(128) NOT NULL, job_id BIGINT)";
+
+#[async_trait]
+impl CompletionHandler for SweepLedger {
+    async fn complete(&self, tx: CompletionTx<'_>, ctx: &CompletionContext) -> Result<(), String> {
+        let item = ctx.identity.item_id.as_str();
+        let token = ctx.token.as_str();
+        let err = |e: sqlx::Error| e.to_string();
+        let tx = match tx {
+            CompletionTx::Sqlite(c) => {
+                sqlx::query("INSERT INTO sweep_ledger (item_id, token, job_id) VALUES (?, ?, ?)")
+                    .bind(item)
+                    .bind(token)
+                    .bind(ctx.job_id)
+                    .execute(&mut *c)
+                    .await
+                    .map_err(err)?;
+                CompletionTx::Sqlite(c)
+            }
+            CompletionTx::Postgres(c) => {
+                sqlx::query(
+                    "INSERT INTO sweep_ledger (item_id, token, job_id) VALUES ($1, $2, $3)",
+                )
+                .bind(item)
+                .bind(token)
+                .bind(ctx.job_id)
+                .execute(&mut *c)
+                .await
+                .map_err(err)?;
+                CompletionTx::Postgres(c)
+            }
+            CompletionTx::MySql(c) => {
+                sqlx::query("INSERT INTO sweep_ledger (item_id, token, job_id) VALUES (?, ?, ?)")
+                    .bind(item)
+                    .bind(token)
+                    .bind(ctx.job_id)
+                    .execute(&mut *c)
+                    .await
+                    .map_err(err)?;
+                CompletionTx::MySql(c)
+            }
+            _ => return Err("sweep ledger: unknown backend".into()),
+        };
+        TrackedItems.complete(tx, ctx).await
+    }
+}
+
+fn ledger_config() -> CompletionConfig {
+    CompletionConfig {
+        handler: Some("sweep_ledger".into()),
+        payload: json!({"namespace": NS, "revision": 1}),
+        retain_processed: true,
+    }
+}
+
+/// `split` claims the items and emits one packet per item carrying its claim (a batch in
+/// chunks of [`CHUNK`]); `child` succeeds, which completes the item's claim.
+fn pipeline() -> Pipeline {
+    Pipeline::new("sweep")
+        .step("split", |ctx| async move {
+            let mut out = Vec::new();
+            for i in 0..ITEMS {
+                let d = ctx
+                    .claim_in(SCOPE, "src", &format!("item-{i}"), ledger_config())
+                    .await
+                    .map_err(HandlerError::retry)?
+                    .ok_or_else(|| HandlerError::retry("item held"))?;
+                out.push(Packet::new(json!({"i": i})).with_claim(d));
+            }
+            Ok(StepOutput::Packets(out))
+        })
+        .step("child", |_ctx| async { Ok(StepOutput::one(json!({}))) })
+        .chunk_size(CHUNK)
+}
+
+/// `solo` claims one item and moves on to a second step (a step advance); finishing the job
+/// completes the claim.
+fn solo() -> Pipeline {
+    Pipeline::new("solo")
+        .step("take", |ctx| async move {
+            ctx.claim_in(SCOPE, "src", SOLO_ITEM, ledger_config())
+                .await
+                .map_err(HandlerError::retry)?
+                .ok_or_else(|| HandlerError::retry("item held"))?;
+            Ok(StepOutput::one(json!({})))
+        })
+        .step("done", |_ctx| async { Ok(StepOutput::one(json!({}))) })
+}
+
+/// Every item the workload claims: the batch's, the solo job's and the free-standing one.
+pub(super) fn items() -> Vec<String> {
+    let mut v: Vec<String> = (0..ITEMS).map(|i| format!("item-{i}")).collect();
+    v.extend([SOLO_ITEM.to_string(), FREE_ITEM.to_string()]);
+    v
+}
+
+/// The second plain action's work: a free-standing claim (no job) completed explicitly with
+/// the ledger handler; retried while someone holds the item, done once it is processed.
+async fn free_claim(store: DynStore, clock: TestClock) -> Result<(), HandlerError> {
+    let identity = Identity::new(SCOPE, "src", FREE_ITEM).map_err(HandlerError::fatal)?;
+    let req = ClaimItemRequest {
+        identity,
+        job_id: None,
+        ttl: chrono::Duration::minutes(10),
+        completion: ledger_config(),
+        reprocess: false,
+    };
+    match store
+        .claim_item(&req, clock.now())
+        .await
+        .map_err(HandlerError::retry)?
+    {
+        ClaimOutcome::Claimed(d) => {
+            let handler: Arc<dyn CompletionHandler> = Arc::new(SweepLedger);
+            match store
+                .complete_claim(&d, Some(handler), clock.now())
+                .await
+                .map_err(HandlerError::retry)?
+            {
+                CompleteOutcome::Completed => Ok(()),
+                CompleteOutcome::Lost => Err(HandlerError::retry("claim lost")),
+            }
+        }
+        ClaimOutcome::AlreadyProcessed => Ok(()),
+        ClaimOutcome::HeldByOther => Err(HandlerError::retry("item held")),
+    }
+}
+
+fn plain(key: &str) -> ActionSpec {
+    ActionSpec::new(PLAIN_HOOK, json!({"key": key})).unique_key(key)
+}
+
+/// What a sweep run injects.
+#[derive(Debug, Clone, Copy)]
+pub enum Point {
+    /// The `nth` call of `method` fails in `mode`; the process goes on.
+    Fault {
+        method: &'static str,
+        nth: u64,
+        mode: FaultMode,
+    },
+    /// The process crashes at its `at`-th store call (a `method` call): that call commits,
+    /// its caller sees an error, and no later call runs until a restarted runtime carries on.
+    /// (Crashing before call k leaves the state of crashing after call k - 1.)
+    Crash { method: &'static str, at: u64 },
+}
+
+impl Point {
+    fn method(&self) -> &'static str {
+        match self {
+            Point::Fault { method, .. } | Point::Crash { method, .. } => method,
+        }
+    }
+}
+
+/// What one run of the workload left.
+pub struct RunReport {
+    /// Store calls of the workload phase (before the heal).
+    pub log: Vec<&'static str>,
+    /// Whether the planned fault fired.
+    pub fired: bool,
+    /// The final status (and reason) of the pipeline job(s), and how many items were
+    /// processed.
+    pub outcome: String,
+    /// Broken invariants.
+    pub violations: Vec<String>,
+    /// Jobs only `recover-stuck` moved on (requeued, chunk re-armed, parent completed, failed
+    /// stale): no durable wake-up was left for them.
+    pub rescued: u64,
+}
+
+/// Every table the store writes, and the sweep ledger: emptied before each point.
+const TABLES: [&str; 11] = [
+    "dockhand_action_logs",
+    "dockhand_actions",
+    "dockhand_item_claims",
+    "dockhand_job_events",
+    "dockhand_jobs",
+    "dockhand_maintenance_leases",
+    "dockhand_packets",
+    "dockhand_schedules",
+    "dockhand_tracked_items",
+    "dockhand_worklist",
+    "sweep_ledger",
+];
+
+/// Makes `db` fresh for the next point: every table emptied, the clock back at `t0`. (A new
+/// schema or database per point costs ~0.35 s on PostgreSQL and MySQL; emptying ~20 ms.)
+async fn reset(db: &TestDb) {
+    let stmts: Vec<String> = TABLES.iter().map(|t| format!("DELETE FROM {t}")).collect();
+    let stmts: Vec<&str> = stmts.iter().map(String::as_str).collect();
+    db.exec_all(&stmts).await;
+    db.clock.set(t0());
+}
+
+/// Runs the workload on `db` (emptied first) with `fault` planned, heals, drains, and checks
+/// the invariants.
+pub async fn run_point(db: &TestDb, point: Option<Point>) -> RunReport {
+    reset(db).await;
+    let faulty = FaultyStore::wrap(db.store.clone());
+    match point {
+        None => {}
+        Some(Point::Fault { method, nth, mode }) => faulty.fail_nth(method, nth, mode),
+        Some(Point::Crash { at, .. }) => faulty.crash_at(at, FaultMode::ExecuteThenFail),
+    }
+    let crash = matches!(point, Some(Point::Crash { .. }));
+    let rt = runtime(db, &faulty).await;
+    // The producer: one job and the plain actions, each failure retried once at once.
+    produce(db, &rt).await;
+    let mut rescued = 0;
+    let _ = drive(db, &rt, true, crash.then_some(&*faulty), &mut rescued).await;
+    let log = faulty.call_log();
+    faulty.heal();
+    // After a crash, a restarted process: a new runtime, and the producer re-submits what it
+    // cannot find.
+    let rt = if crash {
+        let rt = runtime(db, &faulty).await;
+        produce(db, &rt).await;
+        rt
+    } else {
+        rt
+    };
+    let mut violations = Vec::new();
+    if let Err(e) = drive(db, &rt, false, None, &mut rescued).await {
+        violations.push(format!("drain after heal: {e}"));
+    }
+    violations.extend(invariants(db).await);
+    let outcome = all_jobs(db)
+        .await
+        .into_iter()
+        .filter(|j| j.parent_id.is_none())
+        .map(|j| match j.reason {
+            Some(r) => format!("{} {}/{r}", j.pipeline, j.status),
+            None => format!("{} {}", j.pipeline, j.status),
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect::<Vec<_>>();
+    let mut done = 0;
+    for item in items() {
+        done += usize::from(db.store.tracked_item(NS, &item).await.unwrap().is_some());
+    }
+    let outcome = format!("{}, {done}/{} items", outcome.join(" + "), items().len());
+    let fired = faulty.injected() > 0;
+    RunReport {
+        log,
+        fired,
+        outcome,
+        violations,
+        rescued,
+    }
+}
+
+/// Like [`Runtime::drain`], but runs maintenance only when nothing is due (a worker that
+/// keeps busy, with the maintenance loop on its own cadence): fewer store calls per point.
+async fn drain(rt: &Runtime) -> dockhand::Result<()> {
+    let mut total = 0;
+    loop {
+        rt.run_maintenance_once().await?;
+        let mut ran = 0;
+        loop {
+            let n = rt.run_due_once().await?;
+            ran += n;
+            if n == 0 || total + ran >= DRAIN_RUNS {
+                break;
+            }
+        }
+        total += ran;
+        if ran == 0 || total >= DRAIN_RUNS {
+            return Ok(());
+        }
+    }
+}
+
+/// The workload's runtime over the fault-injecting store (one action at a time, so the call
+/// sequence is the same on every run).
+async fn runtime(db: &TestDb, faulty: &Arc<FaultyStore>) -> Runtime {
+    let (store, clock) = (faulty.clone() as DynStore, db.clock.clone());
+    db.runtime_on(faulty.clone() as DynStore)
+        .concurrency(1)
+        .pipeline(pipeline())
+        .pipeline(solo())
+        .completion_handler("sweep_ledger", Arc::new(SweepLedger))
+        .handler(PLAIN_HOOK, move |ctx| {
+            let (store, clock) = (store.clone(), clock.clone());
+            async move {
+                match ctx.args["key"] == PLAIN[1] {
+                    true => free_claim(store, clock).await,
+                    false => Ok(()),
+                }
+            }
+        })
+        .build()
+        .await
+        .unwrap()
+}
+
+/// The producer: starts a job of each pipeline unless one exists, and enqueues each plain action unless one
+/// with its key exists; a failed call is retried once at once (a job start has no idempotency
+/// key, so it is retried only when no job was stored).
+async fn produce(db: &TestDb, rt: &Runtime) {
+    for p in PIPELINES {
+        let exists = |jobs: Vec<dockhand::jobs::Job>| jobs.iter().any(|j| j.pipeline == p);
+        if !exists(all_jobs(db).await)
+            && rt.jobs().start(p, json!({})).await.is_err()
+            && !exists(all_jobs(db).await)
+        {
+            let _ = rt.jobs().start(p, json!({})).await;
+        }
+    }
+    let existing = actions(db, Some(PLAIN_HOOK), Vec::new()).await;
+    for key in PLAIN {
+        if existing.iter().any(|a| a.args["key"] == key) {
+            continue;
+        }
+        if rt.queue().enqueue(plain(key)).await.is_err() {
+            let _ = rt.queue().enqueue(plain(key)).await;
+        }
+    }
+}
+
+/// Drains, lets the operator recover stranded jobs, and moves the clock on, until nothing is
+/// left to do. With `tolerate`, store errors (the injected fault) are ignored; with `crashed`,
+/// it stops once that store has crashed. Adds the jobs `recover-stuck` moved to `rescued`.
+async fn drive(
+    db: &TestDb,
+    rt: &Runtime,
+    tolerate: bool,
+    crashed: Option<&FaultyStore>,
+    rescued: &mut u64,
+) -> Result<(), String> {
+    let opts = RecoverOptions {
+        dry_run: false,
+        limit: 100,
+        older_than: chrono::Duration::zero(),
+    };
+    for _ in 0..MAX_ROUNDS {
+        match drain(rt).await {
+            Err(e) if !tolerate => return Err(format!("drain: {e}")),
+            _ => {}
+        }
+        if crashed.is_some_and(|f| f.injected() > 0) || settled(db).await {
+            return Ok(());
+        }
+        match rt.jobs().recover_stuck(&opts).await {
+            Err(e) if !tolerate => return Err(format!("recover-stuck: {e}")),
+            Err(_) => {}
+            Ok(r) => {
+                *rescued +=
+                    r.requeued + r.chunk_rearmed + r.batch_parents_completed + r.failed_stale
+            }
+        }
+        db.clock.advance(round());
+    }
+    Ok(())
+}
+
+/// The sweep points of a counting-pass call log: every call of a [`SWEPT`] method, faulted
+/// in each mode, and a crash right after it. Left out: `claim` calls that found nothing (the
+/// next call is another claim or maintenance), and crashes right after an action's `finish`
+/// (the process had nothing in flight: a clean stop).
+pub fn points(log: &[&'static str]) -> Vec<Point> {
+    let mut seen: BTreeMap<&str, u64> = BTreeMap::new();
+    let (mut faults, mut crashes) = (Vec::new(), Vec::new());
+    for (k, method) in log.iter().enumerate() {
+        let nth = seen.entry(method).or_default();
+        *nth += 1;
+        let next = log.get(k + 1).copied();
+        let empty_claim =
+            *method == "claim" && matches!(next, None | Some("claim" | "reap_expired"));
+        if !SWEPT.contains(method) || empty_claim {
+            continue;
+        }
+        for mode in [FaultMode::FailBefore, FaultMode::ExecuteThenFail] {
+            faults.push(Point::Fault {
+                method,
+                nth: *nth,
+                mode,
+            });
+        }
+        if *method != "finish" {
+            crashes.push(Point::Crash {
+                method,
+                at: k as u64 + 1,
+            });
+        }
+    }
+    faults.extend(crashes);
+    faults
+}
+
+/// The sweep on one backend: a counting pass, then every point (both fault modes, and a
+/// crash). Prints one
+/// summary line to stderr and fails listing every point that broke an invariant.
+pub async fn sweep_fault_points(db: TestDb) {
+    let kind = db.kind;
+    db.exec_sql(LEDGER_DDL).await;
+    let started = Instant::now();
+    let clean = run_point(&db, None).await;
+    assert!(
+        clean.violations.is_empty(),
+        "the workload without faults breaks invariants: {:?}",
+        clean.violations
+    );
+    assert_eq!(
+        clean.outcome, "solo completed + sweep completed, 7/7 items",
+        "the workload without faults"
+    );
+    let all = points(&clean.log);
+    let crashes = all
+        .iter()
+        .filter(|p| matches!(p, Point::Crash { .. }))
+        .count();
+    let mut per_method: BTreeMap<&str, usize> = BTreeMap::new();
+    for p in &all {
+        *per_method.entry(p.method()).or_default() += 1;
+    }
+    // The points run in WORKERS interleaved shards, each on its own database.
+    let mut shards = tokio::task::JoinSet::new();
+    for w in 0..WORKERS {
+        let db = if w == 0 {
+            db.clone()
+        } else {
+            let extra = TestDb::new(kind).await.expect("backend configured");
+            extra.exec_sql(LEDGER_DDL).await;
+            extra
+        };
+        let mine: Vec<Point> = all.iter().skip(w).step_by(WORKERS).copied().collect();
+        shards.spawn(async move {
+            let mut reports = Vec::new();
+            for p in mine {
+                reports.push((p, run_point(&db, Some(p)).await));
+            }
+            if w > 0 {
+                db.cleanup().await;
+            }
+            reports
+        });
+    }
+    let (mut fired, mut failing) = (0, Vec::new());
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    // Single faults that only recover-stuck repaired (no durable wake-up was left), by method
+    // and mode; and how many crash points needed it.
+    let mut rescued: BTreeMap<String, usize> = BTreeMap::new();
+    let mut crash_rescued = 0;
+    while let Some(reports) = shards.join_next().await {
+        for (p, r) in reports.expect("sweep shard") {
+            fired += usize::from(r.fired);
+            match p {
+                // The process went on after a single fault: it must have left a durable
+                // wake-up (RELIABILITY.md §1); needing the operator is a failure.
+                Point::Fault { method, mode, .. } if r.rescued > 0 => {
+                    *rescued.entry(format!("{method} {mode:?}")).or_default() += 1;
+                    failing.push(format!(
+                        "{p:?}: only recover-stuck moved {} job(s) on",
+                        r.rescued
+                    ));
+                }
+                // After a crash between two store calls, recover-stuck is the documented path.
+                Point::Crash { .. } if r.rescued > 0 => crash_rescued += 1,
+                _ => {}
+            }
+            *outcomes.entry(r.outcome).or_default() += 1;
+            if !r.violations.is_empty() {
+                failing.push(format!("{p:?}: {:?}", r.violations));
+            }
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "sweep[{kind:?}]: {} store calls in the workload; {} points swept ({} faults: \
+         FailBefore + ExecuteThenFail, {} crashes); {fired} faults injected, {} not exercised, \
+         {} failing; outcomes {outcomes:?}; repaired only by recover-stuck: faults {rescued:?}, \
+         {crash_rescued} crashes; points by method {per_method:?}; {:.1}s",
+        clean.log.len(),
+        all.len(),
+        all.len() - crashes,
+        crashes,
+        all.len() - fired,
+        failing.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        failing.is_empty(),
+        "failing sweep points:\n{}",
+        failing.join("\n")
+    );
+}
