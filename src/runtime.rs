@@ -4,7 +4,7 @@
 use crate::backoff::Backoff;
 use crate::batch::{CHUNK_HOOK, FINALIZE_HOOK};
 use crate::claims::{CompletionHandler, CompletionRegistry};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, DatabaseClock, SystemClock};
 use crate::error::Result;
 use crate::handler::{ActionContext, HandlerResult, Registry};
 use crate::jobs::api::Jobs;
@@ -33,13 +33,21 @@ pub struct RuntimeBuilder {
     registry: Registry,
     runner: RunnerConfig,
     maintenance: MaintenanceConfig,
-    clock: Arc<dyn Clock>,
+    clock: ClockChoice,
     migrate: bool,
     pipelines: PipelineRegistry,
     completions: CompletionRegistry,
     lifecycle: LifecycleHooks,
     reprocess: Option<ReprocessFn>,
     invalid: Option<crate::Error>,
+}
+
+/// Where a runtime's time comes from.
+enum ClockChoice {
+    /// A [`DatabaseClock`] over this base clock (the default, over the system clock).
+    Database(Arc<dyn Clock>),
+    /// Exactly this clock (tests).
+    Fixed(Arc<dyn Clock>),
 }
 
 fn lifecycle_hook<F, Fut>(f: F) -> LifecycleHook
@@ -182,7 +190,15 @@ impl RuntimeBuilder {
 
     /// The clock every "now" comes from (tests use [`crate::TestClock`]).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
+        self.clock = ClockChoice::Fixed(clock);
+        self
+    }
+
+    /// Uses the database's clock, read through `base` corrected by the measured offset (see
+    /// [`DatabaseClock`]). The default, over the system clock; a different `base` simulates a
+    /// host with a skewed clock.
+    pub fn database_clock(mut self, base: Arc<dyn Clock>) -> Self {
+        self.clock = ClockChoice::Database(base);
         self
     }
 
@@ -204,10 +220,27 @@ impl RuntimeBuilder {
         if self.migrate {
             store.migrate().await?;
         }
-        let queue = Queue::with_clock(Arc::clone(&store), Arc::clone(&self.clock));
+        let (clock, db_clock): (Arc<dyn Clock>, _) = match self.clock {
+            ClockChoice::Fixed(c) => (c, None),
+            ClockChoice::Database(base) => {
+                let c = Arc::new(DatabaseClock::new(base));
+                match c.sync(store.as_ref()).await {
+                    Ok(offset) if offset.num_milliseconds().abs() >= 1000 => tracing::warn!(
+                        offset_ms = offset.num_milliseconds(),
+                        "this host's clock differs from the database's; using the database's"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not read the database clock; using the local clock until the next sync")
+                    }
+                }
+                (Arc::clone(&c) as Arc<dyn Clock>, Some(c))
+            }
+        };
+        let queue = Queue::with_clock(Arc::clone(&store), Arc::clone(&clock));
         let engine = Arc::new(Engine {
             store: Arc::clone(&store),
-            clock: Arc::clone(&self.clock),
+            clock: Arc::clone(&clock),
             pipelines: self.pipelines,
             completions: self.completions,
             hooks: self.lifecycle,
@@ -236,7 +269,7 @@ impl RuntimeBuilder {
         let maintenance = Arc::new(
             Maintenance::new(
                 Arc::clone(&store),
-                Arc::clone(&self.clock),
+                Arc::clone(&clock),
                 self.maintenance,
                 self.runner.owner.clone(),
             )
@@ -249,7 +282,7 @@ impl RuntimeBuilder {
         let runner = Arc::new(Runner {
             claim_hooks,
             store: Arc::clone(&store),
-            clock: Arc::clone(&self.clock),
+            clock,
             registry: Arc::new(self.registry),
             config: self.runner,
             queue: queue.clone(),
@@ -260,6 +293,7 @@ impl RuntimeBuilder {
             runner,
             maintenance,
             engine,
+            db_clock,
         })
     }
 }
@@ -272,6 +306,7 @@ pub struct Runtime {
     runner: Arc<Runner>,
     maintenance: Arc<Maintenance>,
     engine: Arc<Engine>,
+    db_clock: Option<Arc<DatabaseClock>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -299,7 +334,7 @@ impl Runtime {
             registry: Registry::default(),
             runner: RunnerConfig::default(),
             maintenance: MaintenanceConfig::default(),
-            clock: Arc::new(SystemClock),
+            clock: ClockChoice::Database(Arc::new(SystemClock)),
             migrate: true,
             pipelines: PipelineRegistry::default(),
             completions: CompletionRegistry::with_builtins(),
@@ -336,11 +371,16 @@ impl Runtime {
         }
         let (stop_tx, stop_rx) = watch::channel(false);
         let runner = tokio::spawn(Arc::clone(&self.runner).run(stop_rx.clone()));
+        let clock_sync = self
+            .db_clock
+            .clone()
+            .map(|c| tokio::spawn(sync_clock(c, Arc::clone(&self.store), stop_rx.clone())));
         let maintenance = tokio::spawn(Arc::clone(&self.maintenance).run(stop_rx));
         Ok(RuntimeHandle {
             stop: stop_tx,
             runner,
             maintenance,
+            clock_sync,
         })
     }
 
@@ -373,6 +413,24 @@ impl Runtime {
     pub fn maintenance(&self) -> &Arc<Maintenance> {
         &self.maintenance
     }
+
+    /// The database clock in use, unless the builder was given a fixed clock.
+    pub fn database_clock(&self) -> Option<&Arc<DatabaseClock>> {
+        self.db_clock.as_ref()
+    }
+}
+
+/// Re-measures the database clock's offset every [`DatabaseClock::SYNC_EVERY`] until stopped.
+async fn sync_clock(clock: Arc<DatabaseClock>, store: DynStore, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(DatabaseClock::SYNC_EVERY) => {}
+        }
+        if let Err(e) = clock.sync(store.as_ref()).await {
+            tracing::debug!(error = %e, "database clock sync failed; keeping the last offset");
+        }
+    }
 }
 
 /// A running worker pool; [`RuntimeHandle::shutdown`] stops it gracefully (Q12).
@@ -381,6 +439,7 @@ pub struct RuntimeHandle {
     stop: watch::Sender<bool>,
     runner: JoinHandle<()>,
     maintenance: JoinHandle<()>,
+    clock_sync: Option<JoinHandle<()>>,
 }
 
 impl RuntimeHandle {
@@ -393,6 +452,9 @@ impl RuntimeHandle {
         }
         if let Err(e) = self.maintenance.await {
             tracing::error!(error = %e, "maintenance task ended abnormally");
+        }
+        if let Some(sync) = self.clock_sync {
+            let _ = sync.await;
         }
     }
 }

@@ -23,6 +23,8 @@ use std::sync::Arc;
 
 /// How long a chunk holds the rows it is turning into children.
 const ROW_LEASE: chrono::Duration = chrono::Duration::minutes(5);
+/// How long a chunk action waits before re-checking rows another chunk action holds.
+const LEASED_ROWS_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn arg(ctx: &ActionContext, name: &str) -> std::result::Result<i64, HandlerError> {
     ctx.args.get(name).and_then(|v| v.as_i64()).ok_or_else(|| {
@@ -144,7 +146,11 @@ impl Engine {
             )));
         };
         let now = self.clock.now();
-        let owner = format!("chunk:{}:{}", ctx.action_id, ctx.token);
+        // Every delivery of this chunk action leases rows under one owner, so a re-delivery
+        // after its predecessor died takes that predecessor's rows back at once instead of
+        // waiting out the row lease (child creation is idempotent per row, so a predecessor
+        // that was only paused cannot create a second child).
+        let owner = format!("chunk:{}", ctx.action_id);
         if st.outcome.is_some() {
             // Aborted (schedule failure or cancel): nothing more to schedule. Rows still leased
             // by a chunk whose worker died are discarded (claims released) once their lease
@@ -256,6 +262,7 @@ impl Engine {
             .ok_or_else(|| HandlerError::fatal(format!("job {parent} is not a batch parent")))?;
         let next = offset + i64::from(chunk);
         if st.ready > 0 {
+            crate::failpoint::crash("batch.before_chunk");
             if let Err(e) = self
                 .store
                 .schedule_chunk(parent, next, priority, self.clock.now())
@@ -267,8 +274,11 @@ impl Engine {
             return Ok(());
         }
         if st.leased > 0 {
-            // Another delivery of a chunk holds rows; it settles them and fences.
-            return Ok(());
+            // Another chunk action holds rows. It settles them and fences if it lives; if it
+            // died, its rows come free when it is re-delivered or their lease ends. Either
+            // way this action stays as the wake-up that re-checks (B-rules: a durable
+            // wake-up must remain until the fence is set).
+            return Err(HandlerError::snooze(LEASED_ROWS_RECHECK));
         }
         match self
             .store

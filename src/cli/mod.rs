@@ -236,6 +236,31 @@ pub enum Command {
                             --database-url mysql://root@127.0.0.1:3306/test --n 10000"
     )]
     Bench(BenchArgs),
+    /// Run the multi-process chaos test (RELIABILITY.md §2) on a fresh database and check
+    /// that nothing was lost or done twice.
+    ///
+    /// Starts three `dockhand chaos-worker` processes (concurrency 4, lease 2 s, heartbeat
+    /// 500 ms; two with crash points, one with its clock 30 s ahead), submits a seeded
+    /// workload (plain actions with retryable, fatal and panicking handlers, slow actions
+    /// kept past their lease by heartbeats, item-claim jobs with 200-character ids and items
+    /// requested twice, batches fanned out in chunks of 100), every side effect written to a
+    /// ledger table without a unique key in its completion transaction. Meanwhile the fault
+    /// schedule runs: SIGKILL of a random worker every 3-8 s, SIGSTOP past the lease, crash
+    /// points, a worker's pool held empty, and per backend a held SQLite writer, or
+    /// terminated connections, a row-lock blocker and (PostgreSQL) an immediate restart of
+    /// the local cluster. Then clean workers drain, `dockhand check` and the invariants I1-I8
+    /// run, and the summary goes to stdout and <out>/<backend>-<seed>/summary.{json,md}.
+    /// Exit status 1 when an invariant broke or an expected fault never fired ("not
+    /// exercised"). Needs a binary built with `--features failpoints` for the crash points.
+    #[command(
+        after_help = "Examples:\n  cargo run --features failpoints -- chaos --backend sqlite --seed 7\n  \
+                            dockhand chaos --backend postgres --database-url \
+                            postgres://postgres@127.0.0.1/postgres --profile soak"
+    )]
+    Chaos(crate::chaos::ChaosArgs),
+    /// One worker process of `dockhand chaos` (started by it).
+    #[command(hide = true)]
+    ChaosWorker(crate::chaos::worker::WorkerArgs),
 }
 
 /// Options of `dockhand enqueue`.
@@ -404,6 +429,11 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             ops::run_worker(url, &a, out).await
         }
         Command::Bench(a) => bench::run(database_url.as_deref(), &a, out).await,
+        Command::Chaos(a) => chaos(database_url.as_deref(), &a, out).await,
+        Command::ChaosWorker(a) => {
+            let url = database_url.as_deref().unwrap_or(DEFAULT_DATABASE_URL);
+            Ok(crate::chaos::worker::run(url, &a).await?)
+        }
         other => {
             let database_url = database_url.as_deref().unwrap_or(DEFAULT_DATABASE_URL);
             let store = crate::store::connect(database_url).await?;
@@ -412,6 +442,31 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             store.close().await;
             result
         }
+    }
+}
+
+/// `dockhand chaos`: one run; prints the summary, fails unless it passed.
+async fn chaos(
+    server: Option<&str>,
+    a: &crate::chaos::ChaosArgs,
+    out: Output,
+) -> Result<(), CliError> {
+    if !crate::failpoint::ENABLED {
+        return Err(CliError::Failed(
+            "dockhand chaos needs the crash points: build with --features failpoints".into(),
+        ));
+    }
+    let summary = crate::chaos::run(server, a).await?;
+    let passed = summary.result == "passed";
+    let result = summary.result.clone();
+    out.emit(&summary, || summary.markdown())?;
+    if passed {
+        Ok(())
+    } else {
+        Err(CliError::Failed(format!(
+            "chaos run {result} (backend {:?}, seed {}); replay with the same --seed",
+            a.backend, a.seed
+        )))
     }
 }
 
@@ -439,7 +494,11 @@ async fn dispatch(command: Command, url: &str, q: &Queue, out: Output) -> Result
         Command::Liveness(a) => recovery::liveness(q, &a, out).await,
         Command::Check => recovery::check(q, out).await,
         // These open their own runtime or databases; `run` never routes them here.
-        Command::Run(_) | Command::Demo(_) | Command::Bench(_) => Err(CliError::Failed(
+        Command::Run(_)
+        | Command::Demo(_)
+        | Command::Bench(_)
+        | Command::Chaos(_)
+        | Command::ChaosWorker(_) => Err(CliError::Failed(
             "internal error: command dispatched without its runtime".into(),
         )),
     }

@@ -53,10 +53,11 @@ pub async fn finish(
     reason: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<Finished> {
-    match store
+    let outcome = store
         .finish_job(job_id, status, reason, completions, now)
-        .await?
-    {
+        .await?;
+    crate::failpoint::crash("bridge.after_commit");
+    match outcome {
         BridgeOutcome::Finished => Ok(Finished {
             status,
             reason: reason.map(str::to_string),

@@ -160,6 +160,7 @@ impl Runner {
         outcome: &Finish,
         acks: Option<&super::acks::AckSender>,
     ) -> Option<FinishResult> {
+        crate::failpoint::crash("runner.before_finish");
         let lease = action.lease();
         let write = || async {
             match acks {

@@ -201,6 +201,7 @@ impl Runner {
             };
             let full = claimed.len() == free;
             for action in claimed {
+                crate::failpoint::crash("runner.after_claim");
                 let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
                     // Cannot happen (we claimed at most `free`); give the lease back.
                     let _ = self

@@ -424,6 +424,9 @@ macro_rules! delegate_store {
             ) -> Result<Vec<Violation>> {
                 $around!(self, "audit", self.inner.audit(now, grace))
             }
+            async fn database_now(&self) -> Result<DateTime<Utc>> {
+                $around!(self, "database_now", self.inner.database_now())
+            }
         }
     };
 }

@@ -27,6 +27,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use tokio::sync::watch;
 
+pub mod chaos;
 mod delegate;
 pub mod faulty;
 pub mod mysql;
@@ -385,6 +386,11 @@ pub trait Store: Send + Sync + 'static {
     /// whose lease expired before `now - grace`; parent counters that differ from the counts
     /// of its children.
     async fn audit(&self, now: DateTime<Utc>, grace: chrono::Duration) -> Result<Vec<Violation>>;
+
+    /// The database server's current time, to milliseconds (SQLite: the clock of the host
+    /// the file lives on). [`crate::DatabaseClock`] corrects a runtime's clock by it, so every
+    /// process sharing one database compares leases on one clock.
+    async fn database_now(&self) -> Result<DateTime<Utc>>;
 
     /// A receiver that changes whenever an action is enqueued in this process (and, on
     /// PostgreSQL once [`Store::listen`] runs, in any process).

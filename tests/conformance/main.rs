@@ -59,6 +59,8 @@ conformance!(
     s_b12_engine_data_compare_and_swap,
     jobs_park_resume_and_retries_keep_claims,
     r1_reaped_step_finishes_its_job_through_the_bridge,
+    db_clock_corrects_a_skewed_host,
+    skewed_host_never_reaps_a_live_lease,
     // Batches (S-B1 … S-B11)
     s_b1_twenty_five_packets_in_chunks_of_ten,
     s_b2_chunk_delivered_twice_makes_no_duplicates,
@@ -71,6 +73,8 @@ conformance!(
     s_b9_parent_finish_fails_then_completes_once,
     s_b10_missing_fence_is_rearmed,
     s_b11_recover_stuck_completes_a_stranded_parent,
+    regression_chunk_redelivery_takes_back_its_own_rows,
+    regression_rows_held_by_a_dead_chunk_leave_a_wake_up,
     // Failure routes through the fault-injection store
     fault_bridge_fails_before_then_retry_finishes_once,
     fault_bridge_commits_but_ack_lost,

@@ -212,13 +212,15 @@ pub(super) async fn lease_work(
             "SELECT idx FROM dockhand_worklist
              WHERE parent_id = ?
                AND (state = 'ready'
-                    OR (state = 'leased' AND (lease_until IS NULL OR lease_until <= ?)))
+                    OR (state = 'leased'
+                        AND (lease_until IS NULL OR lease_until <= ? OR lease_owner = ?)))
              ORDER BY idx
              LIMIT ?
              FOR UPDATE SKIP LOCKED",
         )
         .bind(parent)
         .bind(ms(now))
+        .bind(owner)
         .bind(limit)
         .fetch_all(&mut *tx)
         .await

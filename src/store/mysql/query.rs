@@ -262,3 +262,12 @@ pub(super) async fn unschedule(
     })
     .await
 }
+
+/// The server's clock (`NOW(3)` as Unix milliseconds, independent of the session time zone).
+pub(super) async fn database_now(store: &MySqlStore) -> Result<DateTime<Utc>> {
+    let now: i64 = sqlx::query_scalar("SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)")
+        .fetch_one(store.pool())
+        .await
+        .map_err(Error::db("read database clock"))?;
+    Ok(from_ms(now))
+}

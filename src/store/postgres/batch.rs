@@ -192,7 +192,8 @@ pub(super) async fn lease_work(
                SELECT idx FROM dockhand_worklist
                WHERE parent_id = $1
                  AND (state = 'ready'
-                      OR (state = 'leased' AND (lease_until IS NULL OR lease_until <= $5)))
+                      OR (state = 'leased'
+                          AND (lease_until IS NULL OR lease_until <= $5 OR lease_owner = $3)))
                ORDER BY idx LIMIT $2
                FOR UPDATE SKIP LOCKED))
          RETURNING w.parent_id, w.idx, w.payload_ref, w.sidecar, w.attempts",

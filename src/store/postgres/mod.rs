@@ -453,6 +453,10 @@ impl Store for PgStore {
         recovery::audit(self, now, grace).await
     }
 
+    async fn database_now(&self) -> Result<DateTime<Utc>> {
+        query::database_now(self).await
+    }
+
     fn wakeups(&self) -> watch::Receiver<u64> {
         self.wake.subscribe()
     }

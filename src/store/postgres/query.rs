@@ -234,3 +234,11 @@ pub(super) async fn unschedule(
     tx.commit().await.map_err(Error::db("unschedule"))?;
     Ok(ids.len() as u64)
 }
+
+/// The server's clock (`clock_timestamp()`, not the transaction start), to ms.
+pub(super) async fn database_now(store: &PgStore) -> Result<DateTime<Utc>> {
+    sqlx::query_scalar("SELECT date_trunc('milliseconds', clock_timestamp())")
+        .fetch_one(&store.pool)
+        .await
+        .map_err(Error::db("read database clock"))
+}

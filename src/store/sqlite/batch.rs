@@ -29,7 +29,8 @@ const LEASE: &str = "UPDATE dockhand_worklist
      SELECT idx FROM dockhand_worklist
      WHERE parent_id = ?1
        AND (state = 'ready'
-            OR (state = 'leased' AND (lease_until IS NULL OR lease_until <= ?4)))
+            OR (state = 'leased'
+                AND (lease_until IS NULL OR lease_until <= ?4 OR lease_owner = ?2)))
      ORDER BY idx
      LIMIT ?5)
  RETURNING parent_id, idx, payload_ref, sidecar, attempts";

@@ -287,8 +287,9 @@ pub(super) async fn settle_retries_up_to_the_bound_then_discards_and_releases() 
     store.settle_work(parent, 0, &retry, t0()).await.unwrap();
     let st = state(&store, parent).await;
     assert_eq!((st.ready, st.leased), (1, 2));
+    // Another chunk action (another owner): only the ready row; rows 1 and 2 stay with "o".
     let rows = store
-        .lease_work(parent, 10, "o", until, t0())
+        .lease_work(parent, 10, "o2", until, t0())
         .await
         .unwrap();
     assert_eq!((rows.len(), rows[0].attempts), (1, 1));

@@ -426,6 +426,10 @@ impl Store for SqliteStore {
         recovery::audit(self, now, grace).await
     }
 
+    async fn database_now(&self) -> Result<DateTime<Utc>> {
+        query::database_now(self).await
+    }
+
     fn wakeups(&self) -> watch::Receiver<u64> {
         self.wake.subscribe()
     }

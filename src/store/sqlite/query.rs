@@ -261,3 +261,12 @@ pub(super) async fn unschedule(
     tx.commit().await.map_err(Error::db("unschedule"))?;
     Ok(ids.len() as u64)
 }
+
+/// The time of the host the database file lives on (SQLite has no server clock), to ms.
+pub(super) async fn database_now(store: &SqliteStore) -> Result<DateTime<Utc>> {
+    let now: i64 = sqlx::query_scalar("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)")
+        .fetch_one(&store.reader)
+        .await
+        .map_err(Error::db("read database clock"))?;
+    Ok(from_ms(now))
+}

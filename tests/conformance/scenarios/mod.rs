@@ -2,6 +2,7 @@
 
 mod batches;
 mod claims;
+mod clock;
 mod faults;
 mod jobs;
 mod queue_api;
@@ -13,6 +14,7 @@ mod sweep_checks;
 
 pub use batches::*;
 pub use claims::*;
+pub use clock::*;
 pub use faults::*;
 pub use jobs::*;
 pub use queue_api::*;

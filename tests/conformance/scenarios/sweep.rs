@@ -3,7 +3,8 @@
 //! two plain actions (one completes a free-standing claim explicitly) — is run once over a
 //! [`FaultyStore`] without faults to learn its sequence of store calls; then, for every call of
 //! the methods in [`SWEPT`], on a fresh database, the workload is run with that call faulted
-//! (`FailBefore`, and separately `ExecuteThenFail`), the store healed, the queue drained as an
+//! (`FailBefore`, `ExecuteThenFail`, `Retryable`; the first call of each method also
+//! `Delay`ed), the store healed, the queue drained as an
 //! operator would (clock past leases and backoffs, maintenance, `recover-stuck`), and the
 //! invariants of RELIABILITY.md §3 asserted (see [`invariants`]).
 //!
@@ -454,7 +455,8 @@ async fn drive(
 }
 
 /// The sweep points of a counting-pass call log: every call of a [`SWEPT`] method, faulted
-/// in each mode, and a crash right after it. Left out: `claim` calls that found nothing (the
+/// `FailBefore`, `ExecuteThenFail` and `Retryable` (and the first call of each method
+/// `Delay`ed), and a crash right after it. Left out: `claim` calls that found nothing (the
 /// next call is another claim or maintenance), and crashes right after an action's `finish`
 /// (the process had nothing in flight: a clean stop).
 pub fn points(log: &[&'static str]) -> Vec<Point> {
@@ -469,7 +471,17 @@ pub fn points(log: &[&'static str]) -> Vec<Point> {
         if !SWEPT.contains(method) || empty_claim {
             continue;
         }
-        for mode in [FaultMode::FailBefore, FaultMode::ExecuteThenFail] {
+        let mut modes = vec![
+            FaultMode::FailBefore,
+            FaultMode::ExecuteThenFail,
+            FaultMode::Retryable,
+        ];
+        // A delay only reorders work against the frozen test clock; once per method is
+        // enough here (real delays are the chaos run's paused workers and held locks).
+        if *nth == 1 {
+            modes.push(FaultMode::Delay(std::time::Duration::from_millis(20)));
+        }
+        for mode in modes {
             faults.push(Point::Fault {
                 method,
                 nth: *nth,
@@ -487,7 +499,7 @@ pub fn points(log: &[&'static str]) -> Vec<Point> {
     faults
 }
 
-/// The sweep on one backend: a counting pass, then every point (both fault modes, and a
+/// The sweep on one backend: a counting pass, then every point (every fault mode, and a
 /// crash). Prints one
 /// summary line to stderr and fails listing every point that broke an invariant.
 pub async fn sweep_fault_points(db: TestDb) {

@@ -276,7 +276,8 @@ async fn settle_retries_up_to_the_bound_then_discards_and_releases() {
     .unwrap();
     assert_eq!(row, ("ready".into(), 1, Some("db hiccup".into()), None));
     assert_eq!(holder(&s, &items[0].sidecar[0].identity).await, Some(p));
-    let leased = s.lease_work(p, 10, "w", until, now).await.unwrap();
+    // Another chunk action (another owner): only the ready row.
+    let leased = s.lease_work(p, 10, "w2", until, now).await.unwrap();
     assert_eq!((leased.len(), leased[0].attempts), (1, 1));
     s.settle_work(p, 0, &retry, now).await.unwrap();
     let row: (String, i32, Option<String>) = sqlx::query_as(
