@@ -18,6 +18,7 @@ use crate::jobs::engine::Engine;
 use crate::jobs::packets;
 use crate::jobs::pipeline::{Packet, Pipeline};
 use crate::jobs::Job;
+use backon::{ExponentialBuilder, Retryable};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
@@ -89,11 +90,7 @@ impl Engine {
             )))
             }
         }
-        if let Err(e) = self
-            .store
-            .schedule_chunk(job.id, 0, pipeline.priority, now)
-            .await
-        {
+        if let Err(e) = self.schedule_chunk(job.id, 0, pipeline.priority).await {
             tracing::warn!(job_id = job.id, error = %e, "first chunk could not be scheduled");
             self.batch_schedule_failed(job.id).await.map_err(retry)?;
         }
@@ -109,6 +106,30 @@ impl Engine {
             .abort_batch(parent, BatchAbort::ScheduleFailed, self.clock.now())
             .await?;
         self.finalize_if_due(parent, &st).await
+    }
+
+    /// Enqueues the chunk action at `offset`, retrying transient database errors (busy,
+    /// deadlock, lost connection) a few times in-process, so that only a persistent failure
+    /// becomes B3's `batch_schedule_failed`. The chunk action is unique per (parent, offset):
+    /// a retry after a commit whose acknowledgement was lost adds nothing.
+    async fn schedule_chunk(&self, parent: i64, offset: i64, priority: i32) -> Result<()> {
+        let call = || async {
+            self.store
+                .schedule_chunk(parent, offset, priority, self.clock.now())
+                .await
+        };
+        call.retry(
+            ExponentialBuilder::default()
+                .with_min_delay(std::time::Duration::from_millis(20))
+                .with_max_times(4),
+        )
+        .when(|e: &Error| e.is_transient())
+        .notify(|e, _| {
+            metrics::counter!(crate::telemetry::STORE_RETRIES, "op" => "schedule_chunk")
+                .increment(1);
+            tracing::debug!(parent, offset, error = %e, "retrying the chunk enqueue");
+        })
+        .await
     }
 
     async fn finalize_if_due(&self, parent: i64, st: &super::BatchState) -> Result<()> {
@@ -263,11 +284,7 @@ impl Engine {
         let next = offset + i64::from(chunk);
         if st.ready > 0 {
             crate::failpoint::crash("batch.before_chunk");
-            if let Err(e) = self
-                .store
-                .schedule_chunk(parent, next, priority, self.clock.now())
-                .await
-            {
+            if let Err(e) = self.schedule_chunk(parent, next, priority).await {
                 tracing::warn!(parent, offset = next, error = %e, "next chunk could not be scheduled");
                 self.batch_schedule_failed(parent).await.map_err(retry)?;
             }
@@ -288,8 +305,7 @@ impl Engine {
         {
             FenceOutcome::Fenced { .. } => Ok(()),
             FenceOutcome::Outstanding { .. } => self
-                .store
-                .schedule_chunk(parent, next, priority, self.clock.now())
+                .schedule_chunk(parent, next, priority)
                 .await
                 .map_err(retry),
         }
@@ -320,8 +336,7 @@ impl Engine {
                 .pipelines
                 .get(&job.pipeline)
                 .map_or(crate::action::DEFAULT_PRIORITY, |p| p.priority);
-            self.store
-                .schedule_chunk(parent, st.items_total, priority, self.clock.now())
+            self.schedule_chunk(parent, st.items_total, priority)
                 .await
                 .map_err(retry)?;
         }

@@ -563,3 +563,21 @@ pub async fn regression_rows_held_by_a_dead_chunk_leave_a_wake_up(db: TestDb) {
     );
     assert_clean(&rt).await;
 }
+
+/// A transient error (busy, deadlock, dropped connection) on a chunk enqueue is retried in
+/// place; only a persistent failure is B3's `batch_schedule_failed`.
+pub async fn transient_chunk_enqueue_error_is_retried(db: TestDb) {
+    let faulty = FaultyStore::wrap(db.store.clone());
+    let rt = runtime(&db, faulty.clone(), batch_pipeline(4, 2, ok_child)).await;
+    faulty.fail_nth("schedule_chunk", 1, FaultMode::Retryable);
+    faulty.fail_nth("schedule_chunk", 3, FaultMode::Retryable);
+    let parent = rt.jobs().start("batch", json!({})).await.unwrap();
+    rt.drain(1000).await.unwrap();
+    assert_eq!(faulty.injected(), 2, "both faults fired");
+    assert_eq!(children(&rt, parent).await.len(), 4);
+    assert_eq!(
+        rt.jobs().get(parent).await.unwrap().status,
+        JobStatus::Completed
+    );
+    assert_clean(&rt).await;
+}

@@ -579,7 +579,7 @@ pub async fn sweep_fault_points(db: TestDb) {
     let _ = writeln!(
         std::io::stderr(),
         "sweep[{kind:?}]: {} store calls in the workload; {} points swept ({} faults: \
-         FailBefore + ExecuteThenFail, {} crashes); {fired} faults injected, {} not exercised, \
+         FailBefore, ExecuteThenFail, Retryable, Delay; {} crashes); {fired} faults injected, {} not exercised, \
          {} failing; outcomes {outcomes:?}; repaired only by recover-stuck: faults {rescued:?}, \
          {crash_rescued} crashes; points by method {per_method:?}; {:.1}s",
         clean.log.len(),
