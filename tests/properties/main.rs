@@ -9,6 +9,8 @@
 //! - [`urls`]: database URL parsing never panics and never shows a password.
 //! - [`backoff`]: retry delays are non-decreasing, capped and never overflow.
 //! - [`claims_model`]: a state-machine test of item claims against a real store.
+//! - [`hydration`]: packet refs and bodies; corrupt worklist rows in a real batch.
+//! - [`cli`]: random argument vectors and durations.
 //!
 //! Backends: SQLite always; PostgreSQL and MySQL/MariaDB when `DOCKHAND_TEST_POSTGRES_URL` /
 //! `DOCKHAND_TEST_MYSQL_URL` are set (the conformance harness is shared, see [`harness`]).
@@ -20,6 +22,8 @@ mod harness;
 mod args;
 mod backoff;
 mod claims_model;
+mod cli;
 mod cron;
+mod hydration;
 mod support;
 mod urls;
