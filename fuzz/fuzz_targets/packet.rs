@@ -1,0 +1,7 @@
+//! cargo-fuzz target: see `checks::packet`.
+#![no_main]
+#[path = "../checks.rs"]
+#[allow(dead_code)]
+mod checks;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::packet(data));

@@ -1,0 +1,7 @@
+//! cargo-fuzz target: see `checks::url`.
+#![no_main]
+#[path = "../checks.rs"]
+#[allow(dead_code)]
+mod checks;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::url(data));
