@@ -26,7 +26,7 @@ pub mod kind {
     pub const PG_RESTART: &str = "pg_immediate_restart";
     /// Every connection to the database terminated, repeatedly, for 10 s.
     pub const TERMINATE: &str = "terminated_backends";
-    /// A transaction holding row locks on pending actions for 15 s.
+    /// A transaction holding row locks on pending and running actions for 15 s.
     pub const ROW_LOCK: &str = "row_lock_blocker";
     /// SQLite's write lock held for 5 s.
     pub const SQLITE_WRITER: &str = "sqlite_writer_held";
@@ -298,7 +298,8 @@ async fn pause(ctx: &Ctx, slot: usize, for_: Duration) {
 }
 
 /// SQLite: the writer held for 5 s. Servers: the first fault of a cycle terminates every
-/// connection every 500 ms for 10 s; the second holds row locks on pending actions for 15 s.
+/// connection every 500 ms for 10 s; the second holds row locks on pending and running actions
+/// for 15 s.
 async fn database_fault(ctx: &Ctx, backend: Backend, first: bool) {
     if backend == Backend::Sqlite {
         match ctx.db.hold_locks(Duration::from_secs(5)).await {
@@ -317,18 +318,23 @@ async fn database_fault(ctx: &Ctx, backend: Backend, first: bool) {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        ctx.record(
-            kind::TERMINATE,
-            format!("{total} connection(s) terminated over 10 s"),
-        );
+        if total == 0 {
+            ctx.failed("terminate backends: no connection to terminate".into());
+        } else {
+            ctx.record(
+                kind::TERMINATE,
+                format!("{total} connection(s) terminated over 10 s"),
+            );
+        }
         return;
     }
     let t0 = Instant::now();
     match ctx.db.hold_locks(Duration::from_secs(15)).await {
+        Ok(0) => ctx.failed("row lock blocker: no pending or running action to lock".into()),
         Ok(n) => ctx.record(
             kind::ROW_LOCK,
             format!(
-                "{n} pending action row(s) locked for {} ms",
+                "{n} pending/running action row(s) locked for {} ms",
                 t0.elapsed().as_millis()
             ),
         ),

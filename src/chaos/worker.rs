@@ -111,9 +111,18 @@ pub async fn run(url: &str, a: &WorkerArgs) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(io)?;
     let mut usr1 = signal(SignalKind::user_defined1()).map_err(io)?;
+    // A worker whose supervisor died (killed, timed out) stops too instead of lingering.
+    let parent = std::os::unix::process::parent_id();
+    let mut orphan_check = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = term.recv() => break,
+            _ = orphan_check.tick() => {
+                if std::os::unix::process::parent_id() != parent {
+                    eprintln!("supervisor gone; stopping");
+                    break;
+                }
+            }
             _ = usr1.recv() => {
                 let (pool, hold) = (pool.clone(), Duration::from_millis(a.exhaust_ms));
                 tokio::spawn(async move {

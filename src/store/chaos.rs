@@ -233,11 +233,13 @@ impl ChaosDb {
     }
 
     /// Holds locks for `hold`, then rolls back: on PostgreSQL and MySQL a transaction that
-    /// locks up to 50 pending actions (`FOR UPDATE`); on SQLite the write lock (`BEGIN
+    /// locks up to 50 pending or running actions (`FOR UPDATE`: claims skip them; heartbeats,
+    /// finishes and the reaper wait); on SQLite the write lock (`BEGIN
     /// IMMEDIATE`), so no other process can write. Returns how many rows were locked (SQLite:
     /// 1 for the database).
     pub async fn hold_locks(&self, hold: Duration) -> Result<u64> {
-        const ROWS: &str = "SELECT id FROM dockhand_actions WHERE status = 'pending' \
+        const ROWS: &str = "SELECT id FROM dockhand_actions \
+                            WHERE status IN ('pending', 'running') \
                             ORDER BY id LIMIT 50 FOR UPDATE";
         match self {
             Self::Sqlite(p) => {
