@@ -97,6 +97,8 @@ pub struct FaultPlan {
     pub cycle: Duration,
     /// The action lease (SIGSTOP lasts lease + 3 s).
     pub lease: Duration,
+    /// A worker is SIGKILLed every this many ms (a range).
+    pub kill_every_ms: (u64, u64),
     /// The backend.
     pub backend: Backend,
 }
@@ -178,14 +180,14 @@ pub async fn inject(
     let _ = kills.await;
 }
 
-/// SIGKILL a random worker every 3–8 s and restart it; then follow its running actions until
-/// none remain under its owner name.
+/// SIGKILL a random worker every `kill_every_ms` (CI: 3–8 s) and restart it; then follow its
+/// running actions until none remain under its owner name.
 async fn kill_loop(ctx: Arc<Ctx>, plan: FaultPlan, store: DynStore, stop: watch::Receiver<bool>) {
     let mut rng = fastrand::Rng::with_seed(plan.seed ^ 0x6b69_6c6c);
     let end = ctx.started + plan.duration;
     let mut followers = Vec::new();
     loop {
-        let wait = Duration::from_millis(rng.u64(3000..=8000));
+        let wait = Duration::from_millis(rng.u64(plan.kill_every_ms.0..=plan.kill_every_ms.1));
         if Instant::now() + wait >= end || *stop.borrow() {
             break;
         }

@@ -46,6 +46,14 @@ pub struct Summary {
     pub verdict: Verdict,
 }
 
+/// `n start(s): min … max ms`.
+fn offsets(v: &[i64]) -> String {
+    match (v.iter().min(), v.iter().max()) {
+        (Some(lo), Some(hi)) => format!("{} start(s): {lo} … {hi} ms", v.len()),
+        _ => "none measured".into(),
+    }
+}
+
 impl Summary {
     /// Fills the recovery figures from the fault log.
     pub fn recovery(&mut self, log: &FaultLog) {
@@ -78,7 +86,7 @@ impl Summary {
              | lost / duplicates | {} / {} |\n\
              | recovered (acknowledgement lost, found stored) | {} |\n\
              | stale completions rejected | {} |\n\
-             | skewed worker's measured offsets (skew +30000 ms) | {:?} |\n\
+             | skewed worker's measured offsets (skew +30000 ms) | {} |\n\
              | time to recover after a kill: p50 / max (n) | {} / {} ({}) |\n",
             self.backend,
             self.profile,
@@ -102,7 +110,7 @@ impl Summary {
             self.verdict.duplicates,
             c.recovered_unknown,
             self.stale_completions_rejected,
-            self.skewed_worker_offsets_ms,
+            offsets(&self.skewed_worker_offsets_ms),
             ms(self.recover_p50_ms),
             ms(self.recover_max_ms),
             self.recover_samples,
