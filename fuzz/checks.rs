@@ -69,15 +69,23 @@ pub fn packet(data: &[u8]) {
 }
 
 /// Database URLs: redaction never panics and never shows the user-info password of a URL
-/// with a single `@` in its authority.
+/// (a valid scheme) with a single `@` in its authority.
 pub fn url(data: &[u8]) {
     let Ok(url) = std::str::from_utf8(data) else {
         return;
     };
     let shown = redact_url(url);
-    let Some((_, rest)) = url.split_once("://") else {
+    let Some((scheme, rest)) = url.split_once("://") else {
         return;
     };
+    // Only URLs: a scheme is a letter then letters, digits, `+`, `-`, `.` (the first fuzz
+    // crash was a password-like string before a bogus scheme, which is not a URL's password).
+    let mut chars = scheme.chars();
+    let valid_scheme = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    if !valid_scheme {
+        return;
+    }
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     if authority.matches('@').count() != 1 {
         return;
