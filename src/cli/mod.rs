@@ -245,7 +245,7 @@ pub enum Command {
     /// kept past their lease by heartbeats, item-claim jobs with 200-character ids and items
     /// requested twice, batches fanned out in chunks of 100), every side effect written to a
     /// ledger table without a unique key in its completion transaction. Meanwhile the fault
-    /// schedule runs: SIGKILL of a random worker every 3-8 s, SIGSTOP past the lease, crash
+    /// schedule runs: SIGKILL of a random worker every 3-8 s (soak: 20-60 s), SIGSTOP past the lease, crash
     /// points, a worker's pool held empty, and per backend a held SQLite writer, or
     /// terminated connections, a row-lock blocker and (PostgreSQL) an immediate restart of
     /// the local cluster. Then clean workers drain, `dockhand check` and the invariants I1-I8
