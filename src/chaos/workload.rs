@@ -370,3 +370,61 @@ impl Plan {
         set
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn size() -> PlanSize {
+        PlanSize {
+            actions: 500,
+            claim_jobs: 40,
+            batches: 2,
+            batch_items: (10, 20),
+            slow_ms: (2500, 4000),
+        }
+    }
+
+    #[test]
+    fn one_seed_one_plan() {
+        let (a, b) = (Plan::new(7, size()), Plan::new(7, size()));
+        let keys = |p: &Plan| {
+            p.actions
+                .iter()
+                .map(|a| (a.key.clone(), a.mode, a.ms))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&a), keys(&b));
+        assert_eq!(a.claim_jobs, b.claim_jobs);
+        assert_eq!(a.batches, b.batches);
+        assert_ne!(
+            keys(&a),
+            keys(&Plan::new(8, size())),
+            "another seed, another plan"
+        );
+    }
+
+    #[test]
+    fn the_plan_has_every_kind_of_work() {
+        let p = Plan::new(3, size());
+        for mode in ["ok", "retry", "fatal", "panic", "slow"] {
+            assert!(p.actions.iter().any(|a| a.mode == mode), "no {mode} action");
+        }
+        let items: Vec<&String> = p.claim_jobs.iter().flatten().collect();
+        assert!(items.iter().any(|i| i.len() > 191), "long ids");
+        let unique: std::collections::BTreeSet<_> = items.iter().collect();
+        assert!(
+            unique.len() < items.len(),
+            "some items are requested by two jobs"
+        );
+        let expected = p.expected_items();
+        let fatal = p.actions.iter().filter(|a| a.fails_by_design()).count();
+        let batch: u64 = p.batches.iter().map(|(_, n)| n).sum();
+        assert_eq!(
+            expected.len(),
+            p.actions.len() - fatal + unique.len() + batch as usize,
+            "plain (not fatal) + distinct claim items + batch items"
+        );
+        assert_eq!(p.actions[0].spec().max_attempts, MAX_ATTEMPTS);
+    }
+}
