@@ -47,6 +47,7 @@ pub mod queue;
 pub mod runner;
 pub mod runtime;
 pub mod schedule;
+pub mod search;
 pub mod state;
 pub mod store;
 pub mod telemetry;

@@ -11,6 +11,7 @@
 //! - [`claims_model`]: a state-machine test of item claims against a real store.
 //! - [`hydration`]: packet refs and bodies; corrupt worklist rows in a real batch.
 //! - [`cli`]: random argument vectors and durations.
+//! - [`contains`]: the JSON containment reference against PostgreSQL `@>`.
 //!
 //! Backends: SQLite always; PostgreSQL and MySQL/MariaDB when `DOCKHAND_TEST_POSTGRES_URL` /
 //! `DOCKHAND_TEST_MYSQL_URL` are set (the conformance harness is shared, see [`harness`]).
@@ -23,6 +24,7 @@ mod args;
 mod backoff;
 mod claims_model;
 mod cli;
+mod contains;
 mod cron;
 mod hydration;
 mod support;
