@@ -255,9 +255,10 @@ async fn script(ctx: Arc<Ctx>, plan: FaultPlan, stop: watch::Receiver<bool>) {
         let at = |f: f64| cycle_start + plan.cycle.mul_f64(f);
         let steps: Vec<(f64, &str)> = vec![
             (0.12, "stop"),
-            (0.25, "db1"),
+            // The row-lock blocker first, while the producer still submits (it needs rows).
+            (0.25, "db2"),
             (0.45, "restart"),
-            (0.55, "db2"),
+            (0.55, "db1"),
             (0.68, "pool"),
             (0.80, "stop"),
         ];

@@ -253,22 +253,37 @@ impl ChaosDb {
             }
             Self::Postgres(p) => {
                 let mut tx = p.begin().await.map_err(db("begin"))?;
-                let n = sqlx::query(ROWS)
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(db("lock rows"))?
-                    .len();
+                let mut n = 0;
+                // Wait up to 10 s for rows to lock (an idle queue has none).
+                for _ in 0..50 {
+                    n = sqlx::query(ROWS)
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(db("lock rows"))?
+                        .len();
+                    if n > 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
                 tokio::time::sleep(hold).await;
                 tx.rollback().await.map_err(db("rollback"))?;
                 Ok(n as u64)
             }
             Self::MySql(p) => {
                 let mut tx = p.begin().await.map_err(db("begin"))?;
-                let n = sqlx::query(ROWS)
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(db("lock rows"))?
-                    .len();
+                let mut n = 0;
+                for _ in 0..50 {
+                    n = sqlx::query(ROWS)
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(db("lock rows"))?
+                        .len();
+                    if n > 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
                 tokio::time::sleep(hold).await;
                 tx.rollback().await.map_err(db("rollback"))?;
                 Ok(n as u64)
