@@ -2,12 +2,14 @@
 //! ([`ActionSearch`]), the sort orders that each have an index ([`ActionSort`]), and the
 //! position a page starts after ([`Cursor`]), written in URLs as plain text.
 //!
-//! No store method takes these yet (`search_actions` is the next step of the plan); this
-//! module owns their shapes, their parsing and the validation that names what was wrong.
+//! This module owns their shapes, their parsing, the validation that names what was wrong, what
+//! a page holds ([`ActionSummary`], [`ActionPage`]) and how a page is assembled from the rows a
+//! store fetched ([`ActionPage::assemble`]); the SQL of each backend lives in `store/<backend>/ui.rs`.
 
 use crate::error::{Error, Result};
 use crate::state::ActionStatus;
 use chrono::{DateTime, Utc};
+use serde::Serialize;
 use serde_json::Value;
 
 /// The sort orders a list offers; each is served by one index (plan §2).
@@ -55,7 +57,13 @@ impl ActionSort {
         }
     }
 
-    fn parse(name: &str) -> Option<Self> {
+    /// Whether the order walks its keys downwards (latest first).
+    pub fn descending(self) -> bool {
+        matches!(self, ActionSort::FinishedDesc | ActionSort::IdDesc)
+    }
+
+    /// Parses the name used in URLs.
+    pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|s| s.as_str() == name)
     }
 }
@@ -118,6 +126,9 @@ impl std::fmt::Display for Cursor {
     }
 }
 
+/// The hook prefix of the runtime's own actions (job steps, chunks, finalizers).
+pub const INTERNAL_HOOK_PREFIX: &str = "dockhand.";
+
 /// The largest page a search returns.
 pub const MAX_PAGE: i64 = 500;
 
@@ -148,6 +159,8 @@ pub struct ActionSearch {
     pub before: Option<Cursor>,
     /// Rows per page, 1 to [`MAX_PAGE`].
     pub limit: i64,
+    /// Only ids up to this one (a bulk operation's snapshot of "all matching").
+    pub max_id: Option<i64>,
 }
 
 impl Default for ActionSearch {
@@ -165,6 +178,7 @@ impl Default for ActionSearch {
             after: None,
             before: None,
             limit: 50,
+            max_id: None,
         }
     }
 }
@@ -196,6 +210,21 @@ impl ActionSearch {
                 ));
             }
         }
+        match (self.sort, self.status) {
+            (ActionSort::Lease, s) if s != Some(ActionStatus::Running) => {
+                return Err(Error::invalid(
+                    "sort",
+                    "sort `l` (lease) lists running actions: add status=running",
+                ))
+            }
+            (ActionSort::FinishedDesc, s) if !s.is_some_and(ActionStatus::is_final) => {
+                return Err(Error::invalid(
+                    "sort",
+                    "sort `f` (finished) lists finished actions: add status complete, failed or canceled",
+                ))
+            }
+            _ => {}
+        }
         if let Some((lo, hi)) = self.priority {
             if lo > hi {
                 return Err(Error::invalid(
@@ -221,6 +250,110 @@ impl ActionSearch {
             }
         }
         Ok(())
+    }
+}
+
+/// One row of an action list: the columns a list shows, with args and the last error cut to
+/// [`HEAD_CHARS`] characters by the database (a list never loads a 16 MB args document).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ActionSummary {
+    /// Primary key.
+    pub id: i64,
+    /// Hook name.
+    pub hook: String,
+    /// Group label.
+    pub group: Option<String>,
+    /// Current status.
+    pub status: ActionStatus,
+    /// Priority, lower first.
+    pub priority: i32,
+    /// When it is (or was) due.
+    pub scheduled_at: DateTime<Utc>,
+    /// Attempts started so far.
+    pub attempt: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// Uniqueness key (a job step's key names its job).
+    pub unique_key: Option<String>,
+    /// Lease owner while running.
+    pub lease_owner: Option<String>,
+    /// Lease expiry while running.
+    pub lease_until: Option<DateTime<Utc>>,
+    /// When it reached a final status.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The first [`HEAD_CHARS`] characters of the JSON args.
+    pub args_head: String,
+    /// The first [`HEAD_CHARS`] characters of the last error.
+    pub error_head: Option<String>,
+}
+
+/// How many characters of args and errors a list row carries.
+pub const HEAD_CHARS: i64 = 200;
+
+impl ActionSummary {
+    /// This row's position in `sort` (times as Unix milliseconds; a missing lease or finish
+    /// time, which validation rules out for those sorts, counts as 0).
+    pub fn cursor(&self, sort: ActionSort) -> Cursor {
+        let t = |d: Option<DateTime<Utc>>| d.map_or(0, |d| d.timestamp_millis());
+        let keys = match sort {
+            ActionSort::NextToRun => vec![
+                i64::from(self.priority),
+                self.scheduled_at.timestamp_millis(),
+                self.id,
+            ],
+            ActionSort::Scheduled => vec![self.scheduled_at.timestamp_millis(), self.id],
+            ActionSort::Lease => vec![t(self.lease_until), self.id],
+            ActionSort::FinishedDesc => vec![t(self.finished_at), self.id],
+            ActionSort::IdDesc => vec![self.id],
+        };
+        Cursor { sort, keys }
+    }
+}
+
+/// One page of a keyset search, with the cursors of its neighbours.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ActionPage {
+    /// The rows, in the search's order.
+    pub rows: Vec<ActionSummary>,
+    /// `after` for the next page, if there is one.
+    #[serde(serialize_with = "cursor_text")]
+    pub next: Option<Cursor>,
+    /// `before` for the previous page, if there may be one.
+    #[serde(serialize_with = "cursor_text")]
+    pub prev: Option<Cursor>,
+}
+
+fn cursor_text<S: serde::Serializer>(
+    c: &Option<Cursor>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match c {
+        Some(c) => s.serialize_some(&c.to_string()),
+        None => s.serialize_none(),
+    }
+}
+
+impl ActionPage {
+    /// Builds a page from the rows a store fetched in walk order: the search's order, or its
+    /// reverse when paging `before` a cursor, at most `limit + 1` rows (the extra one only says
+    /// that more rows follow).
+    pub fn assemble(search: &ActionSearch, mut rows: Vec<ActionSummary>) -> Self {
+        let limit = usize::try_from(search.limit).unwrap_or(0);
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let sort = search.sort;
+        let first = |rows: &[ActionSummary]| rows.first().map(|r| r.cursor(sort));
+        let last = |rows: &[ActionSummary]| rows.last().map(|r| r.cursor(sort));
+        if search.before.is_some() {
+            rows.reverse();
+            let prev = if more { first(&rows) } else { None };
+            let next = last(&rows);
+            Self { rows, next, prev }
+        } else {
+            let next = if more { last(&rows) } else { None };
+            let prev = search.after.as_ref().and_then(|_| first(&rows));
+            Self { rows, next, prev }
+        }
     }
 }
 

@@ -113,6 +113,8 @@ pub enum ActionTransition {
     Cancel,
     /// An operator retries a finished action (failed | canceled → pending).
     OperatorRetry,
+    /// An operator makes a pending action that is due later due now (pending → pending).
+    RunNow,
 }
 
 impl ActionTransition {
@@ -120,7 +122,7 @@ impl ActionTransition {
     pub fn from(self) -> &'static [ActionStatus] {
         use ActionStatus::*;
         match self {
-            ActionTransition::Claim => &[Pending],
+            ActionTransition::Claim | ActionTransition::RunNow => &[Pending],
             ActionTransition::Complete
             | ActionTransition::Retry
             | ActionTransition::Snooze
@@ -143,7 +145,8 @@ impl ActionTransition {
             | ActionTransition::Snooze
             | ActionTransition::Release
             | ActionTransition::LeaseExpired
-            | ActionTransition::OperatorRetry => Pending,
+            | ActionTransition::OperatorRetry
+            | ActionTransition::RunNow => Pending,
             ActionTransition::Fail | ActionTransition::LeaseExpiredExhausted => Failed,
             ActionTransition::Cancel => Canceled,
         }
@@ -167,7 +170,7 @@ impl ActionTransition {
     }
 
     /// Every transition, for exhaustive tests and docs.
-    pub const ALL: [ActionTransition; 10] = [
+    pub const ALL: [ActionTransition; 11] = [
         ActionTransition::Claim,
         ActionTransition::Complete,
         ActionTransition::Retry,
@@ -178,6 +181,7 @@ impl ActionTransition {
         ActionTransition::LeaseExpiredExhausted,
         ActionTransition::Cancel,
         ActionTransition::OperatorRetry,
+        ActionTransition::RunNow,
     ];
 }
 
@@ -212,6 +216,7 @@ mod tests {
                 &[Failed, Canceled],
                 Pending,
             ),
+            (ActionTransition::RunNow, &[Pending], Pending),
         ];
         assert_eq!(expected.len(), ActionTransition::ALL.len());
         for (t, from, to) in expected {

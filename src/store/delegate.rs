@@ -427,6 +427,64 @@ macro_rules! delegate_store {
             async fn database_now(&self) -> Result<DateTime<Utc>> {
                 $around!(self, "database_now", self.inner.database_now())
             }
+            async fn search_actions(
+                &self,
+                search: &$crate::search::ActionSearch,
+            ) -> Result<$crate::search::ActionPage> {
+                $around!(self, "search_actions", self.inner.search_actions(search))
+            }
+            async fn count_actions(
+                &self,
+                search: &$crate::search::ActionSearch,
+                cap: i64,
+            ) -> Result<$crate::store::Capped> {
+                $around!(self, "count_actions", self.inner.count_actions(search, cap))
+            }
+            async fn throughput(
+                &self,
+                since: DateTime<Utc>,
+                until: DateTime<Utc>,
+                bucket: chrono::Duration,
+            ) -> Result<Vec<$crate::store::ThroughputBucket>> {
+                $around!(
+                    self,
+                    "throughput",
+                    self.inner.throughput(since, until, bucket)
+                )
+            }
+            async fn logs_tail(&self, id: i64, limit: i64) -> Result<Vec<ActionLog>> {
+                $around!(self, "logs_tail", self.inner.logs_tail(id, limit))
+            }
+            async fn schema_version(&self) -> Result<i64> {
+                $around!(self, "schema_version", self.inner.schema_version())
+            }
+            async fn cancel_many(
+                &self,
+                ids: &[i64],
+                actor: &str,
+                now: DateTime<Utc>,
+            ) -> Result<$crate::store::BulkOutcome> {
+                $around!(self, "cancel_many", self.inner.cancel_many(ids, actor, now))
+            }
+            async fn retry_many(
+                &self,
+                ids: &[i64],
+                actor: &str,
+                now: DateTime<Utc>,
+            ) -> Result<$crate::store::BulkOutcome> {
+                $around!(self, "retry_many", self.inner.retry_many(ids, actor, now))
+            }
+            async fn run_now(
+                &self,
+                ids: &[i64],
+                actor: &str,
+                now: DateTime<Utc>,
+            ) -> Result<$crate::store::BulkOutcome> {
+                $around!(self, "run_now", self.inner.run_now(ids, actor, now))
+            }
+            async fn delete_actions(&self, ids: &[i64]) -> Result<$crate::store::BulkOutcome> {
+                $around!(self, "delete_actions", self.inner.delete_actions(ids))
+            }
         }
     };
 }

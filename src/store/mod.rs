@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
 use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
 use crate::schedule::{PreparedSchedule, Schedule};
+use crate::search::{ActionPage, ActionSearch};
 use crate::state::JobStatus;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -31,14 +32,15 @@ pub mod chaos;
 mod delegate;
 pub mod faulty;
 pub mod mysql;
+pub mod operator;
 pub mod postgres;
 pub mod sqlite;
 pub mod traced;
 mod types;
 
 pub use types::{
-    Backend, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult, Lease, PruneCutoffs,
-    QueueStats, ReapReport,
+    Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
+    Lease, PruneCutoffs, QueueStats, ReapReport, ThroughputBucket,
 };
 
 /// Every database action the runtime needs. Implemented by [`sqlite::SqliteStore`],
@@ -391,6 +393,56 @@ pub trait Store: Send + Sync + 'static {
     /// the file lives on). [`crate::DatabaseClock`] corrects a runtime's clock by it, so every
     /// process sharing one database compares leases on one clock.
     async fn database_now(&self) -> Result<DateTime<Utc>>;
+
+    // ---- Operator views and bulk changes (the dashboard, issue 8) ----
+
+    /// One keyset page of actions (never OFFSET): the search is validated first, each sort
+    /// walks its own index, args and errors come back cut to [`crate::search::HEAD_CHARS`].
+    async fn search_actions(&self, search: &ActionSearch) -> Result<ActionPage>;
+
+    /// How many actions match the search's filters (cursors and limit ignored), stopping at
+    /// `cap`.
+    async fn count_actions(&self, search: &ActionSearch, cap: i64) -> Result<Capped>;
+
+    /// Actions that ended complete or failed per `bucket` in `[since, until)`, every bucket
+    /// present (zeros included), oldest first; buckets start at multiples of `bucket` since
+    /// the Unix epoch.
+    async fn throughput(
+        &self,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        bucket: chrono::Duration,
+    ) -> Result<Vec<ThroughputBucket>>;
+
+    /// The last `limit` log entries of an action, oldest first (a snoozing action can have
+    /// 10^5 of them; [`Store::logs`] reads all).
+    async fn logs_tail(&self, id: i64, limit: i64) -> Result<Vec<ActionLog>>;
+
+    /// The highest schema migration applied (0 on an empty database).
+    async fn schema_version(&self) -> Result<i64>;
+
+    /// Cancels the pending or running actions among `ids` (at most
+    /// [`crate::search::MAX_PAGE`]) in one transaction, logging `canceled` with `actor`.
+    async fn cancel_many(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<BulkOutcome>;
+
+    /// Puts the failed or canceled actions among `ids` back to pending, due `now`, with their
+    /// attempts reset (one transaction); one whose unique key another active action holds is
+    /// skipped.
+    async fn retry_many(&self, ids: &[i64], actor: &str, now: DateTime<Utc>)
+        -> Result<BulkOutcome>;
+
+    /// Makes the pending actions among `ids` that are due later due `now` (RunNow), logging
+    /// `run_now` with `actor`, and wakes the runners.
+    async fn run_now(&self, ids: &[i64], actor: &str, now: DateTime<Utc>) -> Result<BulkOutcome>;
+
+    /// Deletes the actions among `ids` that are not running, with their logs (one
+    /// transaction); running ones are skipped (cancel them first).
+    async fn delete_actions(&self, ids: &[i64]) -> Result<BulkOutcome>;
 
     /// A receiver that changes whenever an action is enqueued in this process (and, on
     /// PostgreSQL once [`Store::listen`] runs, in any process).

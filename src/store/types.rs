@@ -212,3 +212,34 @@ pub struct QueueStats {
     /// How late the oldest due pending action is, in milliseconds.
     pub oldest_due_lag_ms: Option<i64>,
 }
+
+/// A count that stops at a cap (`n == cap` and `capped` when there are at least `cap` rows), so
+/// a dashboard never counts millions of rows to print "100,000+".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Capped {
+    /// The count, at most the cap.
+    pub n: i64,
+    /// Whether the count stopped at the cap.
+    pub capped: bool,
+}
+
+/// Actions that finished within one time bucket (`Store::throughput`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ThroughputBucket {
+    /// Start of the bucket (inclusive).
+    pub start: DateTime<Utc>,
+    /// Actions that ended complete.
+    pub completed: i64,
+    /// Actions that ended failed.
+    pub failed: i64,
+}
+
+/// What a bulk operator operation did to the ids it was given.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct BulkOutcome {
+    /// The ids it changed.
+    pub changed: Vec<i64>,
+    /// The ids it left alone: gone, in a status the operation does not apply to, or (retry) a
+    /// unique key another active action holds.
+    pub skipped: Vec<i64>,
+}

@@ -83,6 +83,14 @@ conformance!(
     fault_completion_ack_lost_is_not_repeated,
     fault_claim_ack_lost_is_taken_over_after_ttl,
     fault_transient_finish_is_retried_in_process,
+    // Operator views and bulk changes (the dashboard)
+    ops_keyset_lists_every_row_once_in_each_order,
+    ops_filters_and_capped_counts,
+    ops_internal_actions_can_be_left_out,
+    ops_args_contains_agrees_with_postgres_semantics,
+    ops_throughput_counts_finishes_per_bucket,
+    ops_log_tail_and_schema_version,
+    ops_bulk_changes_keep_their_guards,
     // The fault-point sweep (RELIABILITY.md §1)
     sweep_fault_points,
 );

@@ -453,6 +453,89 @@ impl Store for PgStore {
         recovery::audit(self, now, grace).await
     }
 
+    // TEMPORARY (branch ops only): replaced by src/store/postgres/ui.rs before merging to main.
+    async fn search_actions(
+        &self,
+        _s: &crate::search::ActionSearch,
+    ) -> Result<crate::search::ActionPage> {
+        Err(crate::Error::invalid(
+            "backend",
+            "search_actions not yet on this backend",
+        ))
+    }
+    async fn count_actions(
+        &self,
+        _s: &crate::search::ActionSearch,
+        _cap: i64,
+    ) -> Result<crate::store::Capped> {
+        Err(crate::Error::invalid(
+            "backend",
+            "count_actions not yet on this backend",
+        ))
+    }
+    async fn throughput(
+        &self,
+        _a: DateTime<Utc>,
+        _b: DateTime<Utc>,
+        _c: chrono::Duration,
+    ) -> Result<Vec<crate::store::ThroughputBucket>> {
+        Err(crate::Error::invalid(
+            "backend",
+            "throughput not yet on this backend",
+        ))
+    }
+    async fn logs_tail(&self, _id: i64, _l: i64) -> Result<Vec<ActionLog>> {
+        Err(crate::Error::invalid(
+            "backend",
+            "logs_tail not yet on this backend",
+        ))
+    }
+    async fn schema_version(&self) -> Result<i64> {
+        Err(crate::Error::invalid(
+            "backend",
+            "schema_version not yet on this backend",
+        ))
+    }
+    async fn cancel_many(
+        &self,
+        _ids: &[i64],
+        _a: &str,
+        _n: DateTime<Utc>,
+    ) -> Result<crate::store::BulkOutcome> {
+        Err(crate::Error::invalid(
+            "backend",
+            "cancel_many not yet on this backend",
+        ))
+    }
+    async fn retry_many(
+        &self,
+        _ids: &[i64],
+        _a: &str,
+        _n: DateTime<Utc>,
+    ) -> Result<crate::store::BulkOutcome> {
+        Err(crate::Error::invalid(
+            "backend",
+            "retry_many not yet on this backend",
+        ))
+    }
+    async fn run_now(
+        &self,
+        _ids: &[i64],
+        _a: &str,
+        _n: DateTime<Utc>,
+    ) -> Result<crate::store::BulkOutcome> {
+        Err(crate::Error::invalid(
+            "backend",
+            "run_now not yet on this backend",
+        ))
+    }
+    async fn delete_actions(&self, _ids: &[i64]) -> Result<crate::store::BulkOutcome> {
+        Err(crate::Error::invalid(
+            "backend",
+            "delete_actions not yet on this backend",
+        ))
+    }
+
     async fn database_now(&self) -> Result<DateTime<Utc>> {
         query::database_now(self).await
     }

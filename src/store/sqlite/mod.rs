@@ -16,6 +16,7 @@
 //! busy timeout for other processes; the pragmas are read back and startup fails if they did not
 //! take. Times are stored as integer milliseconds since the epoch.
 
+mod args_match;
 mod batch;
 #[cfg(test)]
 mod batch_tests;
@@ -38,12 +39,13 @@ mod recovery_tests;
 mod schedule;
 #[cfg(test)]
 mod tests;
+mod ui;
 
 pub(crate) use connect::{from_ms, ms};
 
 use super::{
-    Backend, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult, Lease, PruneCutoffs,
-    QueueStats, ReapReport, Store, Wakeup,
+    Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
+    Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket, Wakeup,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
@@ -59,6 +61,7 @@ use crate::error::Result;
 use crate::jobs::packets::EncodedPacket;
 use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
 use crate::schedule::{PreparedSchedule, Schedule};
+use crate::search::{ActionPage, ActionSearch};
 use crate::state::JobStatus;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -428,6 +431,57 @@ impl Store for SqliteStore {
 
     async fn database_now(&self) -> Result<DateTime<Utc>> {
         query::database_now(self).await
+    }
+
+    async fn search_actions(&self, search: &ActionSearch) -> Result<ActionPage> {
+        ui::search_actions(self, search).await
+    }
+
+    async fn count_actions(&self, search: &ActionSearch, cap: i64) -> Result<Capped> {
+        ui::count_actions(self, search, cap).await
+    }
+
+    async fn throughput(
+        &self,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        bucket: chrono::Duration,
+    ) -> Result<Vec<ThroughputBucket>> {
+        ui::throughput(self, since, until, bucket).await
+    }
+
+    async fn logs_tail(&self, id: i64, limit: i64) -> Result<Vec<ActionLog>> {
+        ui::logs_tail(self, id, limit).await
+    }
+
+    async fn schema_version(&self) -> Result<i64> {
+        ui::schema_version(self).await
+    }
+
+    async fn cancel_many(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<BulkOutcome> {
+        ui::cancel_many(self, ids, actor, now).await
+    }
+
+    async fn retry_many(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<BulkOutcome> {
+        ui::retry_many(self, ids, actor, now).await
+    }
+
+    async fn run_now(&self, ids: &[i64], actor: &str, now: DateTime<Utc>) -> Result<BulkOutcome> {
+        ui::run_now(self, ids, actor, now).await
+    }
+
+    async fn delete_actions(&self, ids: &[i64]) -> Result<BulkOutcome> {
+        ui::delete_actions(self, ids).await
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {
