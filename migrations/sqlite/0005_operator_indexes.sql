@@ -12,3 +12,9 @@ DROP INDEX IF EXISTS dockhand_actions_finished;
 CREATE INDEX IF NOT EXISTS dockhand_actions_group_sched
     ON dockhand_actions (group_name, status, scheduled_at);
 DROP INDEX IF EXISTS dockhand_actions_group;
+-- Keyed actions whatever their status: a job's step (`j:{id}:…`), chunk (`b:{id}:…`) and
+-- finalize (`f:{id}`) actions for the job page (the unique index of 0001 holds active ones only).
+CREATE INDEX IF NOT EXISTS dockhand_actions_key ON dockhand_actions (unique_key)
+    WHERE unique_key IS NOT NULL;
+-- Batch parents, newest first, without walking their children.
+CREATE INDEX IF NOT EXISTS dockhand_jobs_batch ON dockhand_jobs (id) WHERE batch_state IS NOT NULL;

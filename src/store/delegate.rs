@@ -485,6 +485,49 @@ macro_rules! delegate_store {
             async fn delete_actions(&self, ids: &[i64]) -> Result<$crate::store::BulkOutcome> {
                 $around!(self, "delete_actions", self.inner.delete_actions(ids))
             }
+            async fn group_overview(
+                &self,
+                now: DateTime<Utc>,
+                cap: i64,
+                max_groups: i64,
+            ) -> Result<Vec<$crate::search::GroupStat>> {
+                $around!(
+                    self,
+                    "group_overview",
+                    self.inner.group_overview(now, cap, max_groups)
+                )
+            }
+            async fn search_jobs(
+                &self,
+                search: &$crate::search::JobSearch,
+            ) -> Result<$crate::search::JobPage> {
+                $around!(self, "search_jobs", self.inner.search_jobs(search))
+            }
+            async fn job_actions(
+                &self,
+                job_id: i64,
+                limit: i64,
+            ) -> Result<Vec<$crate::search::ActionSummary>> {
+                $around!(self, "job_actions", self.inner.job_actions(job_id, limit))
+            }
+            async fn search_claims(
+                &self,
+                search: &$crate::search::ClaimSearch,
+            ) -> Result<$crate::search::ClaimPage> {
+                $around!(self, "search_claims", self.inner.search_claims(search))
+            }
+            async fn claim_scopes(
+                &self,
+                now: DateTime<Utc>,
+                cap: i64,
+                max_scopes: i64,
+            ) -> Result<Vec<$crate::search::ScopeStat>> {
+                $around!(
+                    self,
+                    "claim_scopes",
+                    self.inner.claim_scopes(now, cap, max_scopes)
+                )
+            }
         }
     };
 }

@@ -20,7 +20,10 @@ use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
 use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
 use crate::schedule::{PreparedSchedule, Schedule};
-use crate::search::{ActionPage, ActionSearch};
+use crate::search::{
+    ActionPage, ActionSearch, ActionSummary, ClaimPage, ClaimSearch, GroupStat, JobPage, JobSearch,
+    ScopeStat,
+};
 use crate::state::JobStatus;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -443,6 +446,35 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes the actions among `ids` that are not running, with their logs (one
     /// transaction); running ones are skipped (cancel them first).
     async fn delete_actions(&self, ids: &[i64]) -> Result<BulkOutcome>;
+
+    /// Per action group (and the actions without one, `None`, first): capped pending, due and
+    /// running counts and the oldest due time, for at most `max_groups` groups in name order.
+    /// Groups are found by skipping through the group index, never by scanning actions.
+    async fn group_overview(
+        &self,
+        now: DateTime<Utc>,
+        cap: i64,
+        max_groups: i64,
+    ) -> Result<Vec<GroupStat>>;
+
+    /// One page of jobs, newest first (keyset on id).
+    async fn search_jobs(&self, search: &JobSearch) -> Result<JobPage>;
+
+    /// The actions that drive a job, newest first: its step actions (`j:{id}:…`) and, for a
+    /// batch parent, its chunk (`b:{id}:…`) and finalize (`f:{id}`) actions.
+    async fn job_actions(&self, job_id: i64, limit: i64) -> Result<Vec<ActionSummary>>;
+
+    /// One page of item claims, newest first (keyset on id).
+    async fn search_claims(&self, search: &ClaimSearch) -> Result<ClaimPage>;
+
+    /// Per claim scope: capped counts per status and of stale claims (held, expired before
+    /// `now`), for at most `max_scopes` scopes in name order.
+    async fn claim_scopes(
+        &self,
+        now: DateTime<Utc>,
+        cap: i64,
+        max_scopes: i64,
+    ) -> Result<Vec<ScopeStat>>;
 
     /// A receiver that changes whenever an action is enqueued in this process (and, on
     /// PostgreSQL once [`Store::listen`] runs, in any process).

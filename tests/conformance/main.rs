@@ -91,6 +91,9 @@ conformance!(
     ops_throughput_counts_finishes_per_bucket,
     ops_log_tail_and_schema_version,
     ops_bulk_changes_keep_their_guards,
+    ops_group_overview_counts_and_lag,
+    ops_job_pages_and_a_jobs_own_actions,
+    ops_claim_pages_and_scopes,
     // The fault-point sweep (RELIABILITY.md §1)
     sweep_fault_points,
 );

@@ -508,6 +508,51 @@ impl Store for MySqlStore {
         query::database_now(self).await
     }
 
+    // TEMPORARY (branch ops2 only): replaced by src/store/mysql/views.rs before merging to main.
+    async fn group_overview(
+        &self,
+        _n: DateTime<Utc>,
+        _c: i64,
+        _m: i64,
+    ) -> Result<Vec<crate::search::GroupStat>> {
+        Err(crate::Error::invalid(
+            "backend",
+            "group_overview not yet on this backend",
+        ))
+    }
+    async fn search_jobs(&self, _s: &crate::search::JobSearch) -> Result<crate::search::JobPage> {
+        Err(crate::Error::invalid(
+            "backend",
+            "search_jobs not yet on this backend",
+        ))
+    }
+    async fn job_actions(&self, _j: i64, _l: i64) -> Result<Vec<crate::search::ActionSummary>> {
+        Err(crate::Error::invalid(
+            "backend",
+            "job_actions not yet on this backend",
+        ))
+    }
+    async fn search_claims(
+        &self,
+        _s: &crate::search::ClaimSearch,
+    ) -> Result<crate::search::ClaimPage> {
+        Err(crate::Error::invalid(
+            "backend",
+            "search_claims not yet on this backend",
+        ))
+    }
+    async fn claim_scopes(
+        &self,
+        _n: DateTime<Utc>,
+        _c: i64,
+        _m: i64,
+    ) -> Result<Vec<crate::search::ScopeStat>> {
+        Err(crate::Error::invalid(
+            "backend",
+            "claim_scopes not yet on this backend",
+        ))
+    }
+
     fn wakeups(&self) -> watch::Receiver<u64> {
         self.wake.subscribe()
     }

@@ -40,6 +40,7 @@ mod schedule;
 #[cfg(test)]
 mod tests;
 mod ui;
+mod views;
 
 pub(crate) use connect::{from_ms, ms};
 
@@ -61,7 +62,10 @@ use crate::error::Result;
 use crate::jobs::packets::EncodedPacket;
 use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
 use crate::schedule::{PreparedSchedule, Schedule};
-use crate::search::{ActionPage, ActionSearch};
+use crate::search::{
+    ActionPage, ActionSearch, ActionSummary, ClaimPage, ClaimSearch, GroupStat, JobPage, JobSearch,
+    ScopeStat,
+};
 use crate::state::JobStatus;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -482,6 +486,36 @@ impl Store for SqliteStore {
 
     async fn delete_actions(&self, ids: &[i64]) -> Result<BulkOutcome> {
         ui::delete_actions(self, ids).await
+    }
+
+    async fn group_overview(
+        &self,
+        now: DateTime<Utc>,
+        cap: i64,
+        max_groups: i64,
+    ) -> Result<Vec<GroupStat>> {
+        views::group_overview(self, now, cap, max_groups).await
+    }
+
+    async fn search_jobs(&self, search: &JobSearch) -> Result<JobPage> {
+        views::search_jobs(self, search).await
+    }
+
+    async fn job_actions(&self, job_id: i64, limit: i64) -> Result<Vec<ActionSummary>> {
+        views::job_actions(self, job_id, limit).await
+    }
+
+    async fn search_claims(&self, search: &ClaimSearch) -> Result<ClaimPage> {
+        views::search_claims(self, search).await
+    }
+
+    async fn claim_scopes(
+        &self,
+        now: DateTime<Utc>,
+        cap: i64,
+        max_scopes: i64,
+    ) -> Result<Vec<ScopeStat>> {
+        views::claim_scopes(self, now, cap, max_scopes).await
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

@@ -93,7 +93,7 @@ fn push_keyset(qb: &mut QueryBuilder<'_, Sqlite>, cols: &[&str], keys: &[i64], u
     }
 }
 
-fn summary_from_row(row: &SqliteRow) -> Result<ActionSummary> {
+pub(super) fn summary_from_row(row: &SqliteRow) -> Result<ActionSummary> {
     let id: i64 = row
         .try_get("id")
         .map_err(Error::db("decode action summary"))?;
@@ -149,14 +149,21 @@ fn summary_from_row(row: &SqliteRow) -> Result<ActionSummary> {
     })
 }
 
+/// The columns [`summary_from_row`] reads, args and error cut to their heads.
+pub(super) fn summary_columns() -> String {
+    format!(
+        "id, hook, group_name, status, priority, scheduled_at, attempt, max_attempts,
+         unique_key, lease_owner, lease_until, finished_at,
+         substr(args, 1, {HEAD_CHARS}) AS args_head,
+         substr(last_error, 1, {HEAD_CHARS}) AS error_head"
+    )
+}
+
 pub(super) async fn search_actions(store: &SqliteStore, s: &ActionSearch) -> Result<ActionPage> {
     s.validate()?;
     let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-        "SELECT id, hook, group_name, status, priority, scheduled_at, attempt, max_attempts,
-         unique_key, lease_owner, lease_until, finished_at,
-         substr(args, 1, {HEAD_CHARS}) AS args_head,
-         substr(last_error, 1, {HEAD_CHARS}) AS error_head
-         FROM dockhand_actions WHERE 1 = 1"
+        "SELECT {} FROM dockhand_actions WHERE 1 = 1",
+        summary_columns()
     ));
     push_filters(&mut qb, s)?;
     let cols = key_columns(s.sort);

@@ -12,6 +12,7 @@ mod schedules;
 mod store_api;
 mod sweep;
 mod sweep_checks;
+mod views;
 
 pub use batches::*;
 pub use claims::*;
@@ -24,6 +25,7 @@ pub use runner::*;
 pub use schedules::*;
 pub use store_api::*;
 pub use sweep::sweep_fault_points;
+pub use views::*;
 
 use chrono::{DateTime, Utc};
 use dockhand::{ActionContext, HandlerError};

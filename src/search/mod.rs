@@ -6,6 +6,12 @@
 //! a page holds ([`ActionSummary`], [`ActionPage`]) and how a page is assembled from the rows a
 //! store fetched ([`ActionPage::assemble`]); the SQL of each backend lives in `store/<backend>/ui.rs`.
 
+mod views;
+
+pub use views::{
+    ClaimPage, ClaimRow, ClaimSearch, GroupStat, IdPage, JobPage, JobSearch, ScopeStat,
+};
+
 use crate::error::{Error, Result};
 use crate::state::ActionStatus;
 use chrono::{DateTime, Utc};
