@@ -27,7 +27,8 @@ use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
 use std::sync::Arc;
 
-const CLAIM_COLUMNS: &str = "id, scope, source_type, item_id, status, token, job_id, completion,
+pub(super) const CLAIM_COLUMNS: &str =
+    "id, scope, source_type, item_id, status, token, job_id, completion,
     claimed_at, expires_at, processed_at";
 
 /// The parts guard, binding scope, source type and item id after the hash.
@@ -60,7 +61,7 @@ pub(super) fn config_from(id: i64, text: Option<&str>) -> Result<CompletionConfi
     }
 }
 
-fn claim_from_row(row: &MySqlRow) -> Result<ItemClaim> {
+pub(super) fn claim_from_row(row: &MySqlRow) -> Result<ItemClaim> {
     let d = || Error::db("decode item claim");
     let id: i64 = row.try_get("id").map_err(d())?;
     let status = text(row, "status")?;

@@ -33,6 +33,7 @@ mod maintenance;
 mod query;
 mod recovery;
 mod schedule;
+mod views;
 
 pub use connect::DEFAULT_MAX_CONNECTIONS;
 pub(crate) use connect::{from_ms, ms, opt_text, retry_deadlocks, text};
@@ -508,49 +509,44 @@ impl Store for MySqlStore {
         query::database_now(self).await
     }
 
-    // TEMPORARY (branch ops2 only): replaced by src/store/mysql/views.rs before merging to main.
     async fn group_overview(
         &self,
-        _n: DateTime<Utc>,
-        _c: i64,
-        _m: i64,
+        now: DateTime<Utc>,
+        cap: i64,
+        max_groups: i64,
     ) -> Result<Vec<crate::search::GroupStat>> {
-        Err(crate::Error::invalid(
-            "backend",
-            "group_overview not yet on this backend",
-        ))
+        views::group_overview(self, now, cap, max_groups).await
     }
-    async fn search_jobs(&self, _s: &crate::search::JobSearch) -> Result<crate::search::JobPage> {
-        Err(crate::Error::invalid(
-            "backend",
-            "search_jobs not yet on this backend",
-        ))
+
+    async fn search_jobs(
+        &self,
+        search: &crate::search::JobSearch,
+    ) -> Result<crate::search::JobPage> {
+        views::search_jobs(self, search).await
     }
-    async fn job_actions(&self, _j: i64, _l: i64) -> Result<Vec<crate::search::ActionSummary>> {
-        Err(crate::Error::invalid(
-            "backend",
-            "job_actions not yet on this backend",
-        ))
+
+    async fn job_actions(
+        &self,
+        job_id: i64,
+        limit: i64,
+    ) -> Result<Vec<crate::search::ActionSummary>> {
+        views::job_actions(self, job_id, limit).await
     }
+
     async fn search_claims(
         &self,
-        _s: &crate::search::ClaimSearch,
+        search: &crate::search::ClaimSearch,
     ) -> Result<crate::search::ClaimPage> {
-        Err(crate::Error::invalid(
-            "backend",
-            "search_claims not yet on this backend",
-        ))
+        views::search_claims(self, search).await
     }
+
     async fn claim_scopes(
         &self,
-        _n: DateTime<Utc>,
-        _c: i64,
-        _m: i64,
+        now: DateTime<Utc>,
+        cap: i64,
+        max_scopes: i64,
     ) -> Result<Vec<crate::search::ScopeStat>> {
-        Err(crate::Error::invalid(
-            "backend",
-            "claim_scopes not yet on this backend",
-        ))
+        views::claim_scopes(self, now, cap, max_scopes).await
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

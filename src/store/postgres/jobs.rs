@@ -19,10 +19,11 @@ use sqlx::{Postgres, QueryBuilder, Row};
 /// Page size when a filter's (or an event batch's) limit is 0.
 const DEFAULT_LIMIT: i64 = 100;
 
-const COLUMNS: &str = "id, pipeline, status, reason, step_index, input_refs, engine_version, \
+pub(super) const COLUMNS: &str =
+    "id, pipeline, status, reason, step_index, input_refs, engine_version, \
     parent_id, created_at, updated_at, finished_at";
 
-fn job_from_row(row: &PgRow) -> Result<Job> {
+pub(super) fn job_from_row(row: &PgRow) -> Result<Job> {
     let d = || Error::db("decode job");
     let id: i64 = row.try_get("id").map_err(d())?;
     let corrupt = |message: String| Error::Corrupt {

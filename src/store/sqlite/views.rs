@@ -18,7 +18,7 @@ use sqlx::{QueryBuilder, Row, Sqlite};
 
 /// `SELECT COUNT(*)` of `FROM … WHERE …` (the text after `SELECT 1`), stopping at `cap`.
 async fn capped(store: &SqliteStore, mut qb: QueryBuilder<'_, Sqlite>, cap: i64) -> Result<Capped> {
-    qb.push(" LIMIT ").push_bind(cap.max(0) + 1).push(")");
+    qb.push(" LIMIT ").push_bind(cap.max(0) + 1).push(") AS c");
     let n: i64 = qb
         .build_query_scalar()
         .fetch_one(&store.reader)
