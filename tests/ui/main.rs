@@ -1,0 +1,1 @@
+//! Router tests of the dashboard.
