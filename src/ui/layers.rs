@@ -148,14 +148,22 @@ async fn check_write(
         return Err(forbidden("read-only access"));
     }
     let h = req.headers();
-    if header_str(h, "sec-fetch-site").is_some_and(|s| s.eq_ignore_ascii_case("cross-site")) {
+    let cross_site = h.get_all("sec-fetch-site").iter().any(|v| {
+        v.to_str()
+            .map_or(true, |s| s.eq_ignore_ascii_case("cross-site"))
+    });
+    if cross_site {
         return Err(forbidden("cross-site request"));
     }
     // A plain form POST from a page served with `Referrer-Policy: no-referrer` carries
     // `Origin: null` (Fetch, "serializing a request origin"); the token still has to match.
-    if let Some(origin) = header_str(h, header::ORIGIN).filter(|o| *o != "null") {
+    let host = header_str(h, header::HOST).unwrap_or("");
+    for origin in h.get_all(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("?");
+        if origin == "null" {
+            continue;
+        }
         let origin_host = origin.split_once("://").map_or(origin, |(_, rest)| rest);
-        let host = header_str(h, header::HOST).unwrap_or("");
         if !origin_host.eq_ignore_ascii_case(host) {
             return Err(forbidden("Origin does not match Host"));
         }
