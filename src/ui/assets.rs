@@ -1,5 +1,6 @@
 //! The static files, compiled in: the vendored htmx (npm `htmx.org@2.0.11`,
-//! `dist/htmx.min.js`, 0BSD, its LICENSE alongside) and the dashboard's own app.css and app.js.
+//! `dist/htmx.min.js`, 0BSD, its LICENSE alongside) and the dashboard's own app.css, app.js
+//! and favicon.svg.
 //! htmx's path names its version and the app files' path names the crate's, so all of them are
 //! served `immutable` for a year.
 
@@ -15,6 +16,8 @@ pub(crate) const HTMX: &[u8] = include_bytes!("assets/htmx-2.0.11.min.js");
 pub(crate) const HTMX_LICENSE: &[u8] = include_bytes!("assets/htmx-LICENSE.txt");
 /// The dashboard's stylesheet (light and dark themes).
 pub(crate) const APP_CSS: &[u8] = include_bytes!("assets/app.css");
+/// The dashboard's icon.
+pub(crate) const FAVICON: &[u8] = include_bytes!("assets/favicon.svg");
 /// The dashboard's script (theme and timezone toggles, keyboard shortcuts).
 pub(crate) const APP_JS: &[u8] = include_bytes!("assets/app.js");
 
@@ -26,6 +29,11 @@ pub(crate) const HTMX_LICENSE_PATH: &str = "/assets/htmx-LICENSE.txt";
 /// Where app.css is served (the crate version in the path busts caches on upgrade).
 pub(crate) fn app_css_path() -> String {
     format!("/assets/{}/app.css", env!("CARGO_PKG_VERSION"))
+}
+
+/// Where the icon is served.
+pub(crate) fn favicon_path() -> String {
+    format!("/assets/{}/favicon.svg", env!("CARGO_PKG_VERSION"))
 }
 
 /// Where app.js is served.
@@ -60,6 +68,10 @@ pub(crate) fn routes() -> Router<AppState> {
         .route(
             &app_css_path(),
             get(|| async { serve(APP_CSS, "text/css; charset=utf-8") }),
+        )
+        .route(
+            &favicon_path(),
+            get(|| async { serve(FAVICON, "image/svg+xml") }),
         )
         .route(
             &app_js_path(),

@@ -92,6 +92,7 @@ fn head(ctx: &Ctx, title: &str) -> Markup {
             meta name="htmx-config" content=(HTMX_CONFIG);
             meta name="referrer" content="no-referrer";
             title { (title) " · dockhand" }
+            link rel="icon" type="image/svg+xml" href=(ctx.href(&assets::favicon_path()));
             link rel="stylesheet" href=(ctx.href(&assets::app_css_path()));
             script src=(ctx.href(assets::HTMX_PATH)) defer {}
             script src=(ctx.href(&assets::app_js_path())) defer {}

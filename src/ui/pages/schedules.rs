@@ -156,7 +156,7 @@ fn table(ctx: &Ctx, schedules: &[Schedule]) -> Markup {
 fn row(ctx: &Ctx, s: &Schedule) -> Markup {
     html! {
         tr id={ "schedule-" (s.id) } {
-            td { (s.name) }
+            td.name { (s.name) }
             td { code { (s.hook) } @if let Some(g) = &s.group { br; span.muted { "group " (g) } } }
             td { (recurrence(&s.recurrence)) }
             td { @match &s.recurrence { Recurrence::Cron { timezone, .. } => (timezone), _ => span.muted { "—" } } }
