@@ -194,4 +194,17 @@ mod tests {
             assert!(parse_user_pass(bad).is_err(), "{bad}");
         }
     }
+
+    #[cfg(not(feature = "ui"))]
+    #[tokio::test]
+    async fn without_the_feature_the_command_says_how_to_rebuild() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from(["dockhand", "ui", "--read-only"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let e = crate::cli::run(cli).await.err().map(|e| e.to_string());
+        assert_eq!(
+            e.as_deref(),
+            Some("built without the `ui` feature; rebuild with --features ui")
+        );
+    }
 }
