@@ -26,7 +26,9 @@
 //! Module map: [`action`] (what is enqueued), [`schedule`] (recurring definitions), [`state`]
 //! (the only transition rules), [`store`] (all SQL, one module per backend), [`runner`] (the
 //! worker pool), [`maintenance`] (reaper, scheduler, retention), [`runtime`] (builder and
-//! handle), [`queue`] (enqueue and query API), [`telemetry`] (metric and span names).
+//! handle), [`queue`] (enqueue and query API), [`telemetry`] (metric and span names), and,
+//! with the `ui` feature, `ui` (the operator dashboard: an axum router of server-rendered
+//! pages, also served by `dockhand ui`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -51,6 +53,8 @@ pub mod search;
 pub mod state;
 pub mod store;
 pub mod telemetry;
+#[cfg(feature = "ui")]
+pub mod ui;
 
 pub use action::{ActionFilter, ActionOrder, ActionQuery, ActionSpec};
 pub use backoff::Backoff;

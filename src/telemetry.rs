@@ -17,6 +17,10 @@
 //!
 //! Spans: `dockhand.action.run` (fields `action_id`, `hook`, `attempt`), `dockhand.store`
 //! (field `op`), `dockhand.maintenance` (field `task`).
+//!
+//! Log targets: `dockhand::ui::audit` ([`UI_AUDIT_TARGET`]): one `info` event per operator
+//! action in the dashboard (`ui` feature), with fields `user`, `access`, `remote`, `op`,
+//! `ids`, `dry_run`, `count`, `changed` and `skipped`.
 
 /// Counter: actions inserted.
 pub const ENQUEUED: &str = "dockhand_actions_enqueued_total";
@@ -49,3 +53,6 @@ pub const SPAN_RUN: &str = "dockhand.action.run";
 pub const SPAN_STORE: &str = "dockhand.store";
 /// Span name for one maintenance task tick.
 pub const SPAN_MAINTENANCE: &str = "dockhand.maintenance";
+
+/// Log target of the dashboard's audit events (one per operator POST).
+pub const UI_AUDIT_TARGET: &str = "dockhand::ui::audit";

@@ -6,9 +6,10 @@
 //! in `actions` (enqueue, list, show, cancel, retry), `schedules` (recurring enqueue,
 //! unschedule, schedules), `jobs` (jobs list/show, manual-fail, cancel-job), `claims` (claims
 //! list), `recovery` (recover-stuck, liveness, check), `ops` (migrate, stats, prune, run),
-//! `demo` (the feed-import demo, and the hooks `run` serves) and `bench` (the DESIGN §10
-//! benchmark, on fresh databases of its own); `args` parses durations and other values, `table`
-//! prints tables, `output` writes results and errors.
+//! `demo` (the feed-import demo, and the hooks `run` serves), `bench` (the DESIGN §10
+//! benchmark, on fresh databases of its own) and `ui` (the operator dashboard, `ui` feature);
+//! `args` parses durations and other values, `table` prints tables, `output` writes results and
+//! errors.
 
 mod actions;
 pub mod args;
@@ -21,6 +22,7 @@ mod output;
 mod recovery;
 mod schedules;
 mod table;
+mod ui;
 
 pub use bench::{BenchArgs, BenchBackend, Measurement, Workload};
 pub use claims::{ClaimListArgs, ClaimsCommand};
@@ -29,6 +31,7 @@ pub use jobs::{JobListArgs, JobsCommand};
 pub use output::CliError;
 use output::Output;
 pub use recovery::{LivenessArgs, RecoverArgs};
+pub use ui::{parse_user_pass, UiArgs, UserPass};
 
 use crate::action::{ActionFilter, ActionOrder, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY};
 use crate::jobs::bridge::reason;
@@ -77,7 +80,7 @@ impl Cli {
     /// only errors (log lines would break its progress bars), everything else warnings.
     pub fn default_log_filter(&self) -> &'static str {
         match self.command {
-            Command::Run(_) => "warn,dockhand=info",
+            Command::Run(_) | Command::Ui(_) => "warn,dockhand=info",
             Command::Demo(_) => "error",
             _ => "warn",
         }
@@ -258,6 +261,20 @@ pub enum Command {
                             postgres://postgres@127.0.0.1/postgres --profile soak"
     )]
     Chaos(crate::chaos::ChaosArgs),
+    /// Serve the operator dashboard over HTTP until Ctrl-C or SIGTERM (needs a build with
+    /// `--features ui`).
+    ///
+    /// Pages: overview (counts per status and group, lag), action detail (args, attempts, log;
+    /// retry and cancel) and schedules (next runs; run now, enable, disable). It does not
+    /// migrate. Without credentials everyone who reaches it is an operator, so it refuses an
+    /// address other than loopback unless --auth or --read-only-auth is given; basic auth
+    /// over plain HTTP needs a TLS proxy in front. Operator actions are logged with the target
+    /// dockhand::ui::audit.
+    #[command(
+        after_help = "Examples:\n  dockhand ui\n  DOCKHAND_UI_AUTH=admin:secret dockhand ui --bind \
+                            0.0.0.0:8080 --base-path /queue\n  dockhand ui --read-only"
+    )]
+    Ui(UiArgs),
     /// One worker process of `dockhand chaos` (started by it).
     #[command(hide = true)]
     ChaosWorker(crate::chaos::worker::WorkerArgs),
@@ -428,6 +445,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             let url = database_url.as_deref().unwrap_or(DEFAULT_DATABASE_URL);
             ops::run_worker(url, &a, out).await
         }
+        Command::Ui(a) => {
+            let url = database_url.as_deref().unwrap_or(DEFAULT_DATABASE_URL);
+            ui::run(url, &a, out).await
+        }
         Command::Bench(a) => bench::run(database_url.as_deref(), &a, out).await,
         Command::Chaos(a) => chaos(database_url.as_deref(), &a, out).await,
         Command::ChaosWorker(a) => {
@@ -495,6 +516,7 @@ async fn dispatch(command: Command, url: &str, q: &Queue, out: Output) -> Result
         Command::Check => recovery::check(q, out).await,
         // These open their own runtime or databases; `run` never routes them here.
         Command::Run(_)
+        | Command::Ui(_)
         | Command::Demo(_)
         | Command::Bench(_)
         | Command::Chaos(_)
@@ -564,6 +586,9 @@ mod tests {
         assert!(parse(&["dockhand", "check", "--limit", "5"]).is_err());
         assert!(parse(&["dockhand", "demo", "--fresh", "--timeout", "30s"]).is_ok());
         assert!(parse(&["dockhand", "demo", "--keep"]).is_err());
+        assert!(parse(&["dockhand", "ui", "--bind", "0.0.0.0:9000", "--read-only"]).is_ok());
+        assert!(parse(&["dockhand", "ui", "--bind", "localhost"]).is_err());
+        assert!(parse(&["dockhand", "ui", "--auth", "nopassword"]).is_err());
         assert!(parse(&[
             "dockhand",
             "list",

@@ -1,0 +1,210 @@
+//! `dockhand ui`: serve the operator dashboard ([`crate::ui::router`], `ui` feature) until
+//! Ctrl-C or SIGTERM. The arguments exist with and without the feature, so the command line
+//! is the same; without it the command fails saying how to rebuild.
+//!
+//! It does not migrate (index builds on big tables are the operator's call: `dockhand
+//! migrate`). It refuses to listen on a non-loopback address without credentials, and warns
+//! that basic auth over plain HTTP needs a TLS proxy in front.
+
+use super::output::{CliError, Output};
+use clap::Args;
+use std::net::SocketAddr;
+
+/// A `USER:PASSWORD` pair from the command line or the environment. `Debug` hides the
+/// password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UserPass {
+    /// The user name.
+    pub user: String,
+    /// The password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for UserPass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UserPass({}:***)", self.user)
+    }
+}
+
+/// Parses `USER:PASSWORD` (the password may hold colons; neither part may be empty).
+pub fn parse_user_pass(text: &str) -> Result<UserPass, String> {
+    match text.split_once(':') {
+        Some((u, p)) if !u.is_empty() && !p.is_empty() => Ok(UserPass {
+            user: u.to_string(),
+            password: p.to_string(),
+        }),
+        _ => Err("expected USER:PASSWORD, both parts non-empty".into()),
+    }
+}
+
+/// Options of `dockhand ui`.
+#[derive(Debug, Args)]
+pub struct UiArgs {
+    /// Address to listen on. Anything but a loopback address needs --auth or --read-only-auth.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub bind: SocketAddr,
+    /// Nobody may act, whatever their credentials: no buttons are shown and every POST gets
+    /// 403.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Serve the pages under this path, e.g. /queue (behind a proxy that keeps the prefix).
+    #[arg(long, value_name = "PATH", default_value = "/")]
+    pub base_path: String,
+    /// Operator credentials for HTTP basic auth (full access). Without any credentials,
+    /// everyone who reaches a loopback address is an operator.
+    #[arg(long, value_name = "USER:PASS", env = "DOCKHAND_UI_AUTH", hide_env_values = true,
+          value_parser = parse_user_pass)]
+    pub auth: Option<UserPass>,
+    /// Read-only credentials for HTTP basic auth (look, never act).
+    #[arg(long, value_name = "USER:PASS", env = "DOCKHAND_UI_READONLY_AUTH",
+          hide_env_values = true, value_parser = parse_user_pass)]
+    pub read_only_auth: Option<UserPass>,
+}
+
+impl UiArgs {
+    /// Whether any credentials were given.
+    pub fn has_auth(&self) -> bool {
+        self.auth.is_some() || self.read_only_auth.is_some()
+    }
+
+    /// The start checks: an address other than loopback needs credentials.
+    pub fn check(&self) -> Result<(), CliError> {
+        if !self.bind.ip().is_loopback() && !self.has_auth() {
+            return Err(CliError::Failed(format!(
+                "refusing to serve the dashboard on {} without credentials: anyone who can reach \
+                 it could cancel and retry actions. Give --auth USER:PASS (and put a TLS proxy \
+                 in front), or bind to 127.0.0.1",
+                self.bind
+            )));
+        }
+        Ok(())
+    }
+
+    /// The dashboard configuration these options give: operators are the `--auth` user, or
+    /// everyone when no credentials are given (loopback only, see [`UiArgs::check`]);
+    /// `--read-only` caps everyone at read-only.
+    #[cfg(feature = "ui")]
+    pub fn config(&self) -> crate::ui::UiConfig {
+        let pair = |c: &Option<UserPass>| c.as_ref().map(|c| (c.user.clone(), c.password.clone()));
+        crate::ui::UiConfig {
+            base_path: self.base_path.clone(),
+            access: if self.read_only {
+                crate::ui::Access::ReadOnly
+            } else {
+                crate::ui::Access::Operator
+            },
+            basic_auth: pair(&self.auth),
+            read_only_auth: pair(&self.read_only_auth),
+            ..crate::ui::UiConfig::default()
+        }
+    }
+}
+
+/// `dockhand ui`.
+pub(crate) async fn run(url: &str, a: &UiArgs, out: Output) -> Result<(), CliError> {
+    #[cfg(not(feature = "ui"))]
+    {
+        let _ = (url, a, out);
+        Err(CliError::Failed(
+            "built without the `ui` feature; rebuild with --features ui".into(),
+        ))
+    }
+    #[cfg(feature = "ui")]
+    {
+        serve(url, a, out).await
+    }
+}
+
+#[cfg(feature = "ui")]
+async fn serve(url: &str, a: &UiArgs, out: Output) -> Result<(), CliError> {
+    use std::sync::Arc;
+    a.check()?;
+    let cfg = a.config();
+    let base = cfg.base()?;
+    let access = cfg.access;
+    let store = crate::store::connect(url).await?;
+    let ui = crate::ui::try_router(Arc::clone(&store), cfg)?;
+    let app = if base.is_empty() {
+        ui
+    } else {
+        axum::Router::new().nest(&base, ui)
+    };
+    let listener = tokio::net::TcpListener::bind(a.bind).await?;
+    let addr = listener.local_addr()?;
+    if a.has_auth() {
+        eprintln!(
+            "warning: basic auth over plain HTTP sends the password in the clear; serve the \
+             dashboard behind a TLS proxy"
+        );
+    }
+    eprintln!(
+        "dockhand dashboard on http://{addr}{base}/ (database {}; {} access); stop with Ctrl-C \
+         or SIGTERM",
+        crate::store::redact_url(url),
+        if a.has_auth() {
+            "per credentials"
+        } else {
+            access.as_str()
+        }
+    );
+    let served = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        if let Err(e) = stop_signal().await {
+            eprintln!("cannot wait for a stop signal ({e}); stopping");
+        }
+    })
+    .await;
+    store.close().await;
+    served?;
+    out.emit(&serde_json::json!({"stopped": true}), || {
+        "dashboard stopped".into()
+    })
+}
+
+/// Ctrl-C, or SIGTERM on Unix.
+#[cfg(feature = "ui")]
+async fn stop_signal() -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r,
+            _ = term.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_pass_needs_both_parts_and_hides_the_password() {
+        let up = parse_user_pass("a:b:c").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((up.user.as_str(), up.password.as_str()), ("a", "b:c"));
+        assert_eq!(format!("{up:?}"), "UserPass(a:***)");
+        for bad in ["", "a", "a:", ":b"] {
+            assert!(parse_user_pass(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[cfg(not(feature = "ui"))]
+    #[tokio::test]
+    async fn without_the_feature_the_command_says_how_to_rebuild() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from(["dockhand", "ui", "--read-only"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let e = crate::cli::run(cli).await.err().map(|e| e.to_string());
+        assert_eq!(
+            e.as_deref(),
+            Some("built without the `ui` feature; rebuild with --features ui")
+        );
+    }
+}

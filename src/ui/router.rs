@@ -1,0 +1,272 @@
+//! The route table, the state shared by every handler ([`AppState`]), the per-request view
+//! context ([`Ctx`]) and the helpers every handler uses to answer: [`Ctx::respond`] (a page,
+//! or an error page naming what was wrong), [`Ctx::done`] (a POST's answer: 303 to a plain
+//! form, a fragment to htmx) and [`audit`].
+
+use super::auth::Credentials;
+use super::layers::{self, CsrfCookie};
+use super::pages::{self, layout};
+use super::{assets, csrf, Access, UiConfig, UiUser};
+use crate::error::Error;
+use crate::store::DynStore;
+use crate::telemetry::UI_AUDIT_TARGET;
+use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use maud::Markup;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// What every handler shares: the store, the configuration and the derived secrets.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    /// The store the pages read and the buttons write.
+    pub(crate) store: DynStore,
+    /// The configuration as given.
+    pub(crate) cfg: Arc<UiConfig>,
+    /// The base path without a trailing slash (`""` for `/`).
+    pub(crate) base: Arc<str>,
+    /// The CSRF cookie's `Path`.
+    pub(crate) cookie_path: Arc<str>,
+    /// The CSRF HMAC key.
+    pub(crate) csrf_key: [u8; 32],
+    /// The accepted basic-auth credentials.
+    pub(crate) creds: Arc<Credentials>,
+}
+
+/// The dashboard's router, to serve as it is or to nest under `cfg.base_path` in a host's
+/// router. A `base_path` that [`try_router`] refuses gives a router that answers every request
+/// with 500 and the reason (and logs it), so a misconfiguration is seen, not a panic.
+pub fn router(store: DynStore, cfg: UiConfig) -> Router {
+    match try_router(store, cfg) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("dashboard misconfigured: {e}");
+            let message = format!("dashboard misconfigured: {e}\n");
+            Router::new().fallback(move || {
+                let m = message.clone();
+                async move { (StatusCode::INTERNAL_SERVER_ERROR, m) }
+            })
+        }
+    }
+}
+
+/// [`router`], or the error naming the configuration field that is wrong.
+pub fn try_router(store: DynStore, cfg: UiConfig) -> crate::Result<Router> {
+    let base = cfg.base()?;
+    let creds = Credentials::new(
+        cfg.basic_auth.as_ref(),
+        cfg.read_only_auth.as_ref(),
+        cfg.access,
+    );
+    let st = AppState {
+        store,
+        csrf_key: cfg.csrf_key.unwrap_or_else(csrf::random_key),
+        cookie_path: if base.is_empty() {
+            "/".into()
+        } else {
+            base.as_str().into()
+        },
+        base: base.into(),
+        creds: Arc::new(creds),
+        cfg: Arc::new(cfg),
+    };
+    Ok(routes()
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            st.clone(),
+            layers::guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            st.clone(),
+            layers::authenticate,
+        ))
+        .layer(axum::middleware::from_fn(layers::security_headers))
+        .with_state(st))
+}
+
+fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/", get(pages::overview::page))
+        .route("/actions/{id}", get(pages::action::page))
+        .route("/actions/{id}/args.json", get(pages::action::args_json))
+        .route("/actions/{id}/retry", post(pages::action::retry))
+        .route("/actions/{id}/cancel", post(pages::action::cancel))
+        .route("/schedules", get(pages::schedules::page))
+        .route("/schedules/{id}/run", post(pages::schedules::run_now))
+        .route("/schedules/{id}/enable", post(pages::schedules::enable))
+        .route("/schedules/{id}/disable", post(pages::schedules::disable))
+        .merge(assets::routes())
+}
+
+async fn not_found(ctx: Ctx) -> Response {
+    ctx.respond(Err(Error::NotFound {
+        what: "page",
+        id: 0,
+    }))
+}
+
+/// Light or dark, from the `dh_theme` cookie; `None` follows `prefers-color-scheme`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Theme {
+    /// Light colours.
+    Light,
+    /// Dark colours.
+    Dark,
+}
+
+/// Everything a page needs to know about the request it answers.
+#[derive(Debug, Clone)]
+pub(crate) struct Ctx {
+    /// The base path without a trailing slash.
+    pub(crate) base: Arc<str>,
+    /// What the caller may do.
+    pub(crate) access: Access,
+    /// Who the caller is (audit).
+    pub(crate) user: String,
+    /// The CSRF token for forms and `hx-headers`.
+    pub(crate) csrf: String,
+    /// The timezone times are shown in (`dh_tz` cookie); `None` is UTC.
+    pub(crate) tz: Option<Tz>,
+    /// The `dh_theme` cookie.
+    pub(crate) theme: Option<Theme>,
+    /// The request came from htmx (`HX-Request`): answer with a fragment.
+    pub(crate) hx: bool,
+    /// The current time, from the configured clock.
+    pub(crate) now: DateTime<Utc>,
+    /// The peer address, when the server gives it.
+    pub(crate) remote: Option<SocketAddr>,
+}
+
+impl FromRequestParts<AppState> for Ctx {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, Self::Rejection> {
+        let access = parts
+            .extensions
+            .get::<Access>()
+            .copied()
+            .unwrap_or(Access::ReadOnly);
+        let user = parts
+            .extensions
+            .get::<UiUser>()
+            .map(|u| u.0.clone())
+            .unwrap_or_default();
+        let cookie = parts
+            .extensions
+            .get::<CsrfCookie>()
+            .map(|c| c.0.clone())
+            .unwrap_or_default();
+        let cookies = parts
+            .headers
+            .get(header::COOKIE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let tz = csrf::cookie_value(cookies, "dh_tz")
+            .filter(|v| !v.eq_ignore_ascii_case("utc"))
+            .and_then(|v| v.replace("%2F", "/").parse::<Tz>().ok());
+        let theme = match csrf::cookie_value(cookies, "dh_theme") {
+            Some("dark") => Some(Theme::Dark),
+            Some("light") => Some(Theme::Light),
+            _ => None,
+        };
+        Ok(Ctx {
+            base: Arc::clone(&st.base),
+            access,
+            csrf: csrf::token(&st.csrf_key, &cookie, &user),
+            user,
+            tz,
+            theme,
+            hx: parts.headers.contains_key("hx-request"),
+            now: st.cfg.clock.now(),
+            remote: parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0),
+        })
+    }
+}
+
+impl Ctx {
+    /// An absolute link to `path` (which starts with `/`) under the base path.
+    pub(crate) fn href(&self, path: &str) -> String {
+        match (&*self.base, path) {
+            ("", p) => p.to_string(),
+            (b, "/") => b.to_string(),
+            (b, p) => format!("{b}{p}"),
+        }
+    }
+
+    /// Whether the caller may act.
+    pub(crate) fn operator(&self) -> bool {
+        self.access == Access::Operator
+    }
+
+    /// A rendered page, or the error page: 400 naming the field for bad input, 404 for
+    /// what does not exist, 500 (logged) for everything else.
+    pub(crate) fn respond(&self, result: crate::Result<Response>) -> Response {
+        match result {
+            Ok(r) => r,
+            Err(e) => {
+                let status = match &e {
+                    Error::InvalidInput { .. } => StatusCode::BAD_REQUEST,
+                    Error::NotFound { .. } => StatusCode::NOT_FOUND,
+                    _ => {
+                        tracing::error!(target: "dockhand::ui", "page failed: {e}");
+                        StatusCode::INTERNAL_SERVER_ERROR
+                    }
+                };
+                let message = match &e {
+                    Error::NotFound { what: "page", .. } => "page not found".to_string(),
+                    other => other.to_string(),
+                };
+                (status, layout::error_page(self, status, &message)).into_response()
+            }
+        }
+    }
+
+    /// A POST's answer: to htmx, the fragment `fragment` renders (the new content of
+    /// `<main>`); to a plain form, 303 to `to` (a path under the base, may hold a query) with
+    /// `msg=<notice>` added.
+    pub(crate) async fn done<F, Fut>(
+        &self,
+        to: &str,
+        notice: layout::Notice,
+        fragment: F,
+    ) -> crate::Result<Response>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = crate::Result<Markup>>,
+    {
+        if self.hx {
+            Ok(layout::html(fragment().await?))
+        } else {
+            let sep = if to.contains('?') { '&' } else { '?' };
+            let location = format!("{}{sep}msg={}", self.href(to), notice.code());
+            Ok(Redirect::to(&location).into_response())
+        }
+    }
+}
+
+/// Writes the audit event of one operator POST (target [`UI_AUDIT_TARGET`]).
+pub(crate) fn audit(ctx: &Ctx, op: &'static str, ids: &str, count: u64, changed: u64) {
+    let remote = ctx.remote.map(|r| r.to_string()).unwrap_or_default();
+    tracing::info!(
+        target: UI_AUDIT_TARGET,
+        user = %ctx.user,
+        access = ctx.access.as_str(),
+        remote = %remote,
+        op,
+        ids,
+        dry_run = false,
+        count,
+        changed,
+        skipped = count.saturating_sub(changed),
+        "dashboard {op}"
+    );
+}

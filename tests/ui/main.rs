@@ -1,0 +1,9 @@
+//! Router tests of the dashboard (`ui` feature): the router answers in-process
+//! (`tower::ServiceExt::oneshot`) over a real, migrated SQLite file in a temporary directory,
+//! seeded through `Queue` and the store with a frozen clock. No sockets, no sleeps.
+
+mod cli;
+mod pages;
+mod security;
+mod support;
+mod writes;
