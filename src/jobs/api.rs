@@ -24,6 +24,16 @@ impl Jobs {
         Self { engine }
     }
 
+    /// The step names of a registered pipeline, in order (`None` when this handle does not
+    /// know it, e.g. [`Jobs::without_pipelines`]); the dashboard labels a job's stepper with them.
+    pub fn pipeline_steps(&self, pipeline: &str) -> Option<Vec<String>> {
+        self.engine
+            .pipelines
+            .pipelines
+            .get(pipeline)
+            .map(|p| p.steps.iter().map(|s| s.name.clone()).collect())
+    }
+
     /// Starts a run of `pipeline` with `input` as its first step's input packet; returns the
     /// job id. The job is created `pending` together with its first step action.
     pub async fn start(&self, pipeline: &str, input: Value) -> Result<i64> {

@@ -37,6 +37,7 @@ mod auth;
 mod csrf;
 mod layers;
 mod pages;
+mod params;
 mod router;
 
 pub use router::{router, try_router};

@@ -97,6 +97,19 @@ fn routes() -> Router<AppState> {
         .route("/actions/{id}/args.json", get(pages::action::args_json))
         .route("/actions/{id}/retry", post(pages::action::retry))
         .route("/actions/{id}/cancel", post(pages::action::cancel))
+        .route("/actions", get(pages::actions::page))
+        .route("/actions/bulk", post(pages::bulk::selected))
+        .route("/actions/bulk/preview", post(pages::bulk::preview))
+        .route("/actions/bulk/all", post(pages::bulk::all))
+        .route("/groups", get(pages::groups::page))
+        .route("/jobs", get(pages::jobs::list))
+        .route("/jobs/{id}", get(pages::jobs::page))
+        .route("/jobs/{id}/fail", post(pages::jobs::fail))
+        .route("/jobs/{id}/cancel", post(pages::jobs::cancel))
+        .route("/batches", get(pages::batches::list))
+        .route("/batches/{id}", get(pages::batches::page))
+        .route("/batches/{id}/cancel", post(pages::batches::cancel))
+        .route("/claims", get(pages::claims::page))
         .route("/schedules", get(pages::schedules::page))
         .route("/schedules/{id}/run", post(pages::schedules::run_now))
         .route("/schedules/{id}/enable", post(pages::schedules::enable))
@@ -251,6 +264,45 @@ impl Ctx {
             Ok(Redirect::to(&location).into_response())
         }
     }
+}
+
+impl AppState {
+    /// The job handle: the configured one (with pipelines, for step names), or one that knows
+    /// none.
+    pub(crate) fn jobs(&self) -> crate::jobs::api::Jobs {
+        self.cfg.jobs.clone().unwrap_or_else(|| {
+            crate::jobs::api::Jobs::without_pipelines(
+                Arc::clone(&self.store),
+                Arc::clone(&self.cfg.clock),
+            )
+        })
+    }
+}
+
+/// Writes the audit event of one bulk operator POST: a dry run (`dry_run`, `count` = rows
+/// matching) or a change (`count` = rows given, with the changed and skipped counts).
+pub(crate) fn audit_bulk(
+    ctx: &Ctx,
+    op: &'static str,
+    what: &str,
+    dry_run: bool,
+    count: u64,
+    outcome: &crate::store::BulkOutcome,
+) {
+    let remote = ctx.remote.map(|r| r.to_string()).unwrap_or_default();
+    tracing::info!(
+        target: UI_AUDIT_TARGET,
+        user = %ctx.user,
+        access = ctx.access.as_str(),
+        remote = %remote,
+        op,
+        ids = what,
+        dry_run,
+        count,
+        changed = outcome.changed.len(),
+        skipped = outcome.skipped.len(),
+        "dashboard bulk {op}"
+    );
 }
 
 /// Writes the audit event of one operator POST (target [`UI_AUDIT_TARGET`]).

@@ -275,9 +275,19 @@ pub(crate) enum Notice {
     Enabled,
     /// Schedule disabled.
     Disabled,
+    /// A bulk change ran (the counts follow as `changed`/`skipped`).
+    Bulk,
+    /// A job failed by the operator.
+    JobFailed,
+    /// A job cancelled by the operator.
+    JobCanceled,
+    /// Fail or cancel found the job final already.
+    JobAlreadyFinal,
+    /// A batch parent cancelled with its remaining children.
+    BatchCanceled,
 }
 
-const NOTICES: [(Notice, &str, &str); 8] = [
+const NOTICES: [(Notice, &str, &str); 13] = [
     (
         Notice::Retried,
         "retried",
@@ -306,6 +316,31 @@ const NOTICES: [(Notice, &str, &str); 8] = [
     ),
     (Notice::Enabled, "enabled", "Schedule enabled."),
     (Notice::Disabled, "disabled", "Schedule disabled."),
+    (
+        Notice::Bulk,
+        "bulk",
+        "Bulk change done. Rows in a status it does not apply to were skipped.",
+    ),
+    (
+        Notice::JobFailed,
+        "job-failed",
+        "Job failed through the terminal bridge; its claims were given back.",
+    ),
+    (
+        Notice::JobCanceled,
+        "job-canceled",
+        "Job cancelled through the terminal bridge; its claims were given back.",
+    ),
+    (
+        Notice::JobAlreadyFinal,
+        "job-final",
+        "Nothing changed: the job was already final.",
+    ),
+    (
+        Notice::BatchCanceled,
+        "batch-canceled",
+        "Batch cancelled: children not yet created will not be, running ones finish.",
+    ),
 ];
 
 impl Notice {

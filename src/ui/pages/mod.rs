@@ -10,7 +10,13 @@
 //!   || async { fragment })`.
 
 pub(crate) mod action;
+pub(crate) mod actions;
+pub(crate) mod batches;
+pub(crate) mod bulk;
 pub(crate) mod chart;
+pub(crate) mod claims;
+pub(crate) mod groups;
+pub(crate) mod jobs;
 pub(crate) mod layout;
 pub(crate) mod overview;
 pub(crate) mod schedules;
@@ -25,11 +31,20 @@ pub(crate) struct MsgQuery {
     pub(crate) msg: Option<String>,
     /// The action the notice is about (run now links to it).
     pub(crate) id: Option<i64>,
+    /// Rows a bulk change changed (numbers only, so nothing else is reflected).
+    pub(crate) changed: Option<u64>,
+    /// Rows a bulk change skipped.
+    pub(crate) skipped: Option<u64>,
 }
 
 impl MsgQuery {
     /// The notice to show, if the code is known.
     pub(crate) fn notice(&self) -> Option<layout::Notice> {
         self.msg.as_deref().and_then(layout::Notice::parse)
+    }
+
+    /// A bulk change's counts, when the query carries both.
+    pub(crate) fn counts(&self) -> Option<(u64, u64)> {
+        self.changed.zip(self.skipped)
     }
 }

@@ -1,0 +1,244 @@
+//! The end-to-end harness: a seeded dashboard served on a loopback port ([`Dashboard`]) and a
+//! headless Chromium driven through chromedriver ([`Browser`]). Tests skip with one line when
+//! `chromedriver` is not installed, unless `DOCKHAND_E2E_REQUIRED=1` (set by `.ci/run`), which
+//! makes a missing browser a failure.
+
+#![forbid(unsafe_code)]
+
+use chrono::{Duration, TimeZone, Utc};
+use dockhand::store::{ClaimRequest, Finish};
+use dockhand::ui::{router, Access, UiConfig};
+use dockhand::{ActionSpec, DynStore, Queue, Recurrence, ScheduleSpec, TestClock};
+use fantoccini::{Client, ClientBuilder};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use tokio::process::{Child, Command};
+
+/// Where chromedriver lives on Debian.
+pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// Whether the browser is installed; prints the skip line (or panics under
+/// `DOCKHAND_E2E_REQUIRED=1`) when it is not.
+pub fn browser_available() -> bool {
+    if Path::new(CHROMEDRIVER).exists() {
+        return true;
+    }
+    if std::env::var("DOCKHAND_E2E_REQUIRED").is_ok_and(|v| v == "1") {
+        panic!("DOCKHAND_E2E_REQUIRED=1 but {CHROMEDRIVER} is missing (apt-get install chromium chromium-driver)");
+    }
+    eprintln!("SKIPPED: browser end-to-end tests ({CHROMEDRIVER} not found; apt-get install chromium chromium-driver)");
+    false
+}
+
+/// What the seed holds, for the test to find its way.
+pub struct Seeded {
+    /// A failed action (`webhook.call`, error `fatal: bad address`).
+    pub failed: i64,
+    /// Pending actions of hook `email.send`, newest last.
+    pub pending: Vec<i64>,
+}
+
+/// The dashboard over a seeded temporary SQLite database, served on `127.0.0.1:<port>`.
+pub struct Dashboard {
+    /// The base URL, `http://127.0.0.1:<port>`.
+    pub url: String,
+    /// The store, to check what the browser changed.
+    pub store: DynStore,
+    /// The seed.
+    pub seeded: Seeded,
+    server: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+impl Dashboard {
+    /// Seeds 300 actions (pending over three hooks and groups, some failed and complete), two
+    /// schedules, and serves the router with operator access.
+    pub async fn start() -> Dashboard {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite:{}", dir.path().join("e2e.db").display());
+        let store = dockhand::store::connect(&url).await.expect("open sqlite");
+        store.migrate().await.expect("migrate");
+        let t0 = Utc.with_ymd_and_hms(2026, 3, 27, 12, 0, 0).single().expect("t0");
+        let clock = TestClock::at(t0);
+        let queue = Queue::with_clock(Arc::clone(&store), Arc::new(clock.clone()));
+        let mut pending = Vec::new();
+        for i in 0..300i64 {
+            let (hook, group) = match i % 3 {
+                0 => ("email.send", "mail"),
+                1 => ("webhook.call", "hooks"),
+                _ => ("report.build", "reports"),
+            };
+            let spec = ActionSpec::new(hook, json!({"n": i, "user_id": i % 7}))
+                .group(group)
+                .priority((i % 4) as i32 * 5)
+                .max_attempts(1)
+                .at(t0 + Duration::seconds(i - 150));
+            let id = queue.enqueue(spec).await.expect("enqueue");
+            if hook == "email.send" {
+                pending.push(id);
+            }
+        }
+        // Ten webhook calls run and fail, ten reports complete.
+        let mut failed = 0;
+        for (hook, n) in [("webhook.call", 10), ("report.build", 10)] {
+            let hooks = [hook.to_string()];
+            let claimed = store
+                .claim(&ClaimRequest {
+                    owner: "worker-1",
+                    limit: n,
+                    now: t0,
+                    lease_until: t0 + Duration::seconds(30),
+                    hooks: Some(&hooks),
+                })
+                .await
+                .expect("claim");
+            for c in claimed {
+                let finish = if hook == "webhook.call" {
+                    failed = c.id;
+                    Finish::Fail { error: "fatal: bad address".into() }
+                } else {
+                    Finish::Complete
+                };
+                store.finish(c.lease(), &finish, t0 + Duration::seconds(2)).await.expect("finish");
+                if hook == "email.send" {
+                    pending.retain(|p| *p != c.id);
+                }
+            }
+        }
+        for spec in [
+            ScheduleSpec::new("digest", "email.send", Recurrence::every(Duration::minutes(5))),
+            ScheduleSpec::new("nightly", "report.build", Recurrence::cron("0 3 * * *", "Europe/Paris").expect("cron")),
+        ] {
+            queue.schedule(spec).await.expect("schedule");
+        }
+        let cfg = UiConfig {
+            access: Access::Operator,
+            clock: Arc::new(clock.clone()),
+            ..UiConfig::default()
+        };
+        let app = router(Arc::clone(&store), cfg);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr: SocketAddr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await;
+        });
+        Dashboard {
+            url: format!("http://{addr}"),
+            store,
+            seeded: Seeded { failed, pending },
+            server,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Dashboard {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// A headless Chromium session through a chromedriver child process of its own.
+pub struct Browser {
+    /// The WebDriver client.
+    pub client: Client,
+    driver: Child,
+    /// chromedriver's log (Chromium's console lines included), scanned for CSP violations.
+    pub log: PathBuf,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    /// Starts chromedriver on a free port and opens a session with fixed window size, no
+    /// background traffic, loopback only, and a fresh profile.
+    pub async fn start() -> Browser {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+            l.local_addr().expect("addr").port()
+        };
+        let profile = tempfile::tempdir().expect("profile dir");
+        let log = profile.path().join("chromedriver.log");
+        let driver = Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .arg("--allowed-ips=127.0.0.1")
+            .arg(format!("--log-path={}", log.display()))
+            .arg("--enable-chrome-logs")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start chromedriver");
+        let caps = json!({
+            "goog:chromeOptions": {
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-background-networking", "--disable-component-update",
+                    "--disable-default-apps", "--disable-extensions", "--disable-sync",
+                    "--metrics-recording-only", "--no-first-run", "--no-default-browser-check",
+                    "--password-store=basic",
+                    format!("--user-data-dir={}", profile.path().join("chrome").display()),
+                    "--no-proxy-server",
+                    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+                    "--window-size=1280,900", "--force-device-scale-factor=1", "--hide-scrollbars",
+                    "--force-color-profile=srgb", "--lang=en-US",
+                    "--enable-logging=stderr", "--v=0"
+                ]
+            }
+        });
+        let caps = match caps {
+            serde_json::Value::Object(m) => m,
+            _ => unreachable!("a literal object"),
+        };
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        let mut last_err = String::new();
+        // chromedriver takes a moment to listen; try for up to 10 s.
+        for _ in 0..100 {
+            match ClientBuilder::new(connector.clone())
+                .capabilities(caps.clone())
+                .connect(&format!("http://127.0.0.1:{port}"))
+                .await
+            {
+                Ok(client) => {
+                    return Browser { client, driver, log, _profile: profile };
+                }
+                Err(e) => last_err = e.to_string(),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("chromedriver did not answer on port {port}: {last_err}");
+    }
+
+    /// Lines of the browser log that report a Content-Security-Policy violation.
+    pub fn csp_violations(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("Content Security Policy") || l.contains("Content-Security-Policy"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Saves a PNG screenshot to `target/e2e-shots/<name>.png` (and to `docs/screenshots/`
+    /// with `DOCKHAND_UPDATE_SCREENSHOTS=1`).
+    pub async fn shot(&self, name: &str) {
+        let png = self.client.screenshot().await.expect("screenshot");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut dirs = vec![root.join("target/e2e-shots")];
+        if std::env::var("DOCKHAND_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1") {
+            dirs.push(root.join("docs/screenshots"));
+        }
+        for dir in dirs {
+            std::fs::create_dir_all(&dir).expect("screenshot dir");
+            std::fs::write(dir.join(format!("{name}.png")), &png).expect("write screenshot");
+        }
+    }
+
+    /// Ends the session and stops chromedriver.
+    pub async fn close(mut self) {
+        let _ = self.client.clone().close().await;
+        let _ = self.driver.kill().await;
+    }
+}

@@ -1,0 +1,122 @@
+//! Batches (`/batches`, `/batches/{id}`): the jobs that fanned out, with their progress from
+//! the parent's counters (written in each child's terminal transaction, so they are never a
+//! stale cache), and a batch's page with its counters, worklist state, failed children, and an
+//! operator button to cancel the remaining children (B5).
+//!
+//! Data: `Store::search_jobs` (batch parents; children by parent), `Store::batch_state`.
+//! "Retry failed children" is not offered: a failed child is final and already counted in
+//! its parent; re-running its items needs a new job per item (docs/STATUS.md).
+
+use super::jobs::{filters, job_status, job_table, pager, JobParams};
+use super::layout::{self, Nav, Notice};
+use super::MsgQuery;
+use crate::batch::BatchState;
+use crate::error::{Error, Result};
+use crate::search::JobSearch;
+use crate::state::JobStatus;
+use crate::ui::router::{audit, AppState, Ctx};
+use axum::extract::{Path, Query, State};
+use axum::response::Response;
+use maud::{html, Markup};
+
+/// `GET /batches`.
+pub(crate) async fn list(State(st): State<AppState>, ctx: Ctx, Query(p): Query<JobParams>) -> Response {
+    let result = async {
+        let search = JobSearch { batches_only: true, ..p.search(st.cfg.page_size)? };
+        let page = st.store.search_jobs(&search).await?;
+        let mut rows = Vec::with_capacity(page.rows.len());
+        for j in &page.rows {
+            rows.push((j, st.store.batch_state(j.id).await?));
+        }
+        let body = html! {
+            h1 { "Batches" }
+            (filters(&ctx, &p, "/batches"))
+            table.rows {
+                thead { tr { th { "parent" } th { "pipeline" } th { "status" } th { "progress" } th.num { "items" } th.num { "failed" } th { "updated" } } }
+                tbody {
+                    @for (j, b) in &rows {
+                        tr {
+                            td { a href=(ctx.href(&format!("/batches/{}", j.id))) { (j.id) } }
+                            td { code { (j.pipeline) } }
+                            td { (job_status(j.status)) }
+                            td { @if let Some(b) = b { (progress(b)) } }
+                            td.num { @if let Some(b) = b { (layout::count(b.items_total)) } }
+                            td.num { @if let Some(b) = b { (layout::count(b.children_failed)) } }
+                            td { (layout::time_rel(&ctx, j.updated_at)) }
+                        }
+                    }
+                    @if rows.is_empty() { tr { td colspan="7" .muted { "No batches match." } } }
+                }
+            }
+            (pager(&ctx, &p, "/batches", &page))
+        };
+        Ok(layout::page(&ctx, Nav::Batches, "Batches", body))
+    }
+    .await;
+    ctx.respond(result)
+}
+
+/// A `<progress>` of terminal children over items (no inline style: CSP).
+fn progress(b: &BatchState) -> Markup {
+    let total = b.items_total.max(b.children_total).max(1);
+    html! {
+        progress max=(total) value=(b.children_terminal) { (b.children_terminal) "/" (total) }
+        " " span.muted { (layout::count(b.children_terminal)) " / " (layout::count(b.items_total)) }
+    }
+}
+
+/// `GET /batches/{id}`.
+pub(crate) async fn page(State(st): State<AppState>, ctx: Ctx, Path(id): Path<i64>, Query(q): Query<MsgQuery>) -> Response {
+    let result = async {
+        let body = detail(&st, &ctx, id, q.notice()).await?;
+        Ok(layout::page(&ctx, Nav::Batches, &format!("Batch {id}"), body))
+    }
+    .await;
+    ctx.respond(result)
+}
+
+async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Result<Markup> {
+    let job = st.store.get_job(id).await?.ok_or(Error::NotFound { what: "job", id })?;
+    let b = st.store.batch_state(id).await?.ok_or_else(|| Error::invalid("batch", format!("job {id} did not fan out")))?;
+    let failed = st
+        .store
+        .search_jobs(&JobSearch { parent_id: Some(id), status: Some(JobStatus::Failed), limit: 50, ..JobSearch::default() })
+        .await?;
+    Ok(html! {
+        h1 { "Batch " (id) " " (job_status(job.status)) }
+        (layout::notice(ctx, notice, None))
+        p { (progress(&b)) }
+        dl.facts {
+            dt { "pipeline" } dd { a href=(ctx.href(&format!("/jobs/{id}"))) { code { (job.pipeline) } } }
+            dt { "items" } dd { (layout::count(b.items_total)) " in chunks of " (b.chunk_size) " (child step " (b.child_step) ")" }
+            dt { "children" } dd { (layout::count(b.children_total)) " created, " (layout::count(b.children_terminal)) " finished" }
+            dt { "completed" } dd { (layout::count(b.children_completed)) }
+            dt { "failed" } dd { (layout::count(b.children_failed)) }
+            dt { "skipped" } dd { (layout::count(b.children_skipped)) }
+            dt { "worklist" } dd { (b.ready) " ready, " (b.leased) " leased, " (b.completed_rows) " done, " (b.discarded_rows) " discarded" }
+            dt { "fenced" } dd { (if b.fenced { "yes: every child is created" } else { "no: chunks still scheduling" }) }
+            dt { "outcome" } dd { (b.outcome.as_deref().unwrap_or("—")) }
+        }
+        @if !job.status.is_final() && ctx.operator() {
+            div.actions { (layout::post_button(ctx, &format!("/batches/{id}/cancel"), "Cancel remaining children", "danger")) }
+        }
+        h2 { "Failed children" }
+        (job_table(ctx, &failed.rows))
+        @if failed.next.is_some() {
+            p { a href=(ctx.href(&format!("/jobs?status=failed&parent={id}"))) { "More…" } }
+        }
+    })
+}
+
+/// `POST /batches/{id}/cancel`: `Jobs::cancel` on the parent (B5).
+pub(crate) async fn cancel(State(st): State<AppState>, ctx: Ctx, Path(id): Path<i64>) -> Response {
+    let result = async {
+        st.store.get_job(id).await?.ok_or(Error::NotFound { what: "job", id })?;
+        let done = st.jobs().cancel(id).await?;
+        audit(&ctx, "batch_cancel", &id.to_string(), 1, u64::from(done.changed));
+        let notice = if done.changed { Notice::BatchCanceled } else { Notice::JobAlreadyFinal };
+        ctx.done(&format!("/batches/{id}"), notice, || async { detail(&st, &ctx, id, Some(notice)).await }).await
+    }
+    .await;
+    ctx.respond(result)
+}
