@@ -1,11 +1,13 @@
 //! What every backend's operator views and bulk changes share (no SQL): the checks of their
-//! arguments, the time column each sort filters on, and the assembly of results
-//! (throughput buckets with the empty ones filled in, bulk outcomes).
+//! arguments (bulk id lists, `args contains` candidates), the time column each sort filters
+//! on, and the assembly of results (throughput buckets with the empty ones filled in, bulk
+//! outcomes).
 
 use super::types::{BulkOutcome, ThroughputBucket};
 use crate::error::{Error, Result};
 use crate::search::{ActionSort, MAX_PAGE};
 use chrono::{DateTime, Utc};
+use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
 
 /// The most buckets one throughput query returns.
@@ -32,7 +34,7 @@ pub fn key_columns(sort: ActionSort) -> &'static [&'static str] {
     }
 }
 
-/// Refuses an empty or oversized id list for a bulk change, naming `ids`.
+/// Refuses an oversized id list for a bulk change, naming `ids` (an empty one changes nothing).
 pub fn check_bulk_ids(ids: &[i64]) -> Result<()> {
     if ids.len() as i64 > MAX_PAGE {
         return Err(Error::invalid(
@@ -41,6 +43,68 @@ pub fn check_bulk_ids(ids: &[i64]) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// How deep an `args contains` candidate compiled into SQL (no native containment) may nest.
+pub const ARGS_MAX_DEPTH: usize = 8;
+/// How many values (keys' values and elements, at every level) a compiled candidate may hold.
+pub const ARGS_MAX_NODES: usize = 64;
+
+fn bad_candidate(why: String) -> Error {
+    Error::invalid("args_contains", why)
+}
+
+/// Refuses an `args contains` candidate that is not a JSON object or array (every backend).
+pub fn check_candidate_shape(cand: &Value) -> Result<()> {
+    if cand.is_object() || cand.is_array() {
+        Ok(())
+    } else {
+        Err(bad_candidate(format!(
+            "`{cand}` must be a JSON object or array"
+        )))
+    }
+}
+
+/// Refuses what a candidate compiled into a condition over JSON paths cannot express or would
+/// make too large: a scalar, keys holding `"`, `\` or control characters (a JSON path cannot
+/// quote them), nesting deeper than [`ARGS_MAX_DEPTH`], more than [`ARGS_MAX_NODES`] values.
+pub fn check_compiled_candidate(cand: &Value) -> Result<()> {
+    check_candidate_shape(cand)?;
+    let mut nodes = 0;
+    check_node(cand, 0, &mut nodes)
+}
+
+fn check_node(v: &Value, depth: usize, nodes: &mut usize) -> Result<()> {
+    if depth > ARGS_MAX_DEPTH {
+        return Err(bad_candidate(format!(
+            "nested deeper than {ARGS_MAX_DEPTH} levels"
+        )));
+    }
+    let children: Box<dyn Iterator<Item = &Value>> = match v {
+        Value::Object(m) => {
+            if let Some(k) = m.keys().find(|k| !key_is_quotable(k)) {
+                return Err(bad_candidate(format!(
+                    "key {k:?} holds a quote, a backslash or a control character"
+                )));
+            }
+            Box::new(m.values())
+        }
+        Value::Array(a) => Box::new(a.iter()),
+        _ => return Ok(()),
+    };
+    for c in children {
+        *nodes += 1;
+        if *nodes > ARGS_MAX_NODES {
+            return Err(bad_candidate(format!("more than {ARGS_MAX_NODES} values")));
+        }
+        check_node(c, depth + 1, nodes)?;
+    }
+    Ok(())
+}
+
+/// Whether a key can be written inside a double-quoted JSON path member (`$."k"`).
+pub fn key_is_quotable(k: &str) -> bool {
+    !k.chars().any(|c| c == '"' || c == '\\' || c.is_control())
 }
 
 /// The bulk outcome: `changed` sorted, and every other distinct id of `ids` skipped.
@@ -135,6 +199,34 @@ mod tests {
         assert!(e.to_string().contains("time range"));
         let e = bucket_window(t(0), t(20_000), chrono::Duration::minutes(1)).unwrap_err();
         assert!(e.to_string().contains("at most"));
+    }
+
+    #[test]
+    fn compiled_candidates_are_checked_by_name() {
+        use serde_json::json;
+        for (cand, why) in [
+            (json!(3), "must be a JSON object or array"),
+            (json!({"a\"b": 1}), "quote"),
+            (json!({"a": {"b\\": 1}}), "backslash"),
+            (json!({"a\n": 1}), "control"),
+        ] {
+            let e = check_compiled_candidate(&cand).unwrap_err().to_string();
+            assert!(
+                e.contains("args_contains") && e.contains(why),
+                "{cand}: {e}"
+            );
+        }
+        assert!(check_candidate_shape(&json!({"a\"b": 1})).is_ok());
+        let mut deep = json!(1);
+        for _ in 0..=ARGS_MAX_DEPTH + 1 {
+            deep = json!({ "a": deep });
+        }
+        let e = check_compiled_candidate(&deep).unwrap_err().to_string();
+        assert!(e.contains("deeper"), "{e}");
+        let wide: Value = (0..=ARGS_MAX_NODES).map(|i| json!(i)).collect();
+        let e = check_compiled_candidate(&wide).unwrap_err().to_string();
+        assert!(e.contains("more than"), "{e}");
+        assert!(check_compiled_candidate(&json!({"a": [1, {"b": null}], "c d": "x"})).is_ok());
     }
 
     #[test]

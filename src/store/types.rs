@@ -213,7 +213,7 @@ pub struct QueueStats {
     pub oldest_due_lag_ms: Option<i64>,
 }
 
-/// A count that stops at a cap (`n == cap` and `capped` when there are at least `cap` rows), so
+/// A count that stops at a cap (`n == cap` and `capped` when there are more than `cap` rows), so
 /// a dashboard never counts millions of rows to print "100,000+".
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Capped {

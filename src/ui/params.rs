@@ -79,7 +79,10 @@ pub(crate) fn sorts_for(status: Option<ActionStatus>) -> &'static [(ActionSort, 
             (ActionSort::FinishedDesc, "latest finished"),
             (ActionSort::IdDesc, "newest"),
         ],
-        _ => &[(ActionSort::IdDesc, "newest"), (ActionSort::Scheduled, "scheduled time")],
+        _ => &[
+            (ActionSort::IdDesc, "newest"),
+            (ActionSort::Scheduled, "scheduled time"),
+        ],
     }
 }
 
@@ -102,7 +105,10 @@ fn time(field: &'static str, s: &str, tz: Option<Tz>) -> Result<Option<DateTime<
             )
         })?;
     let local = match tz {
-        Some(tz) => tz.from_local_datetime(&naive).earliest().map(|d| d.with_timezone(&Utc)),
+        Some(tz) => tz
+            .from_local_datetime(&naive)
+            .earliest()
+            .map(|d| d.with_timezone(&Utc)),
         None => Some(Utc.from_utc_datetime(&naive)),
     };
     local
@@ -226,17 +232,31 @@ mod tests {
         assert_eq!(s.group, Some(None));
         assert_eq!(s.priority, Some((5, i32::MAX)));
         assert_eq!(s.args_contains, Some(serde_json::json!({"a": 1})));
-        assert_eq!(s.from.map(|t| t.to_rfc3339()), Some("2026-03-01T10:00:00+00:00".into()));
+        assert_eq!(
+            s.from.map(|t| t.to_rfc3339()),
+            Some("2026-03-01T10:00:00+00:00".into())
+        );
         assert!(s.exclude_internal);
         // The filters survive the round trip through a link.
         let href = params.href(&[("after", "n.1.2.3")]);
         let back = p(href.trim_start_matches("/actions?"));
         assert_eq!(back.after, "n.1.2.3");
-        assert_eq!(ListParams { after: String::new(), ..back }, params);
+        assert_eq!(
+            ListParams {
+                after: String::new(),
+                ..back
+            },
+            params
+        );
         // A local time is read in the viewer's timezone.
         let paris: Tz = "Europe/Paris".parse().unwrap();
-        let s = p("from=2026-03-01T10%3A00").search(50, Some(paris)).unwrap();
-        assert_eq!(s.from.map(|t| t.to_rfc3339()), Some("2026-03-01T09:00:00+00:00".into()));
+        let s = p("from=2026-03-01T10%3A00")
+            .search(50, Some(paris))
+            .unwrap();
+        assert_eq!(
+            s.from.map(|t| t.to_rfc3339()),
+            Some("2026-03-01T09:00:00+00:00".into())
+        );
     }
 
     #[test]

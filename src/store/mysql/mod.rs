@@ -6,8 +6,9 @@
 //! `enqueue`, `claim`, `finish`, `query`, `schedule` and `maintenance` (actions), `jobs` (jobs,
 //! engine data, events, packets), `bridge` (the terminal bridge's transaction), `claims` (item
 //! claims), `ledger` (the tracked-items handler's rows), `batch` (fan-out, the worklist and
-//! child creation), `fence` (fence, aborts, batch state and the children's counters) and
-//! `recovery` (job liveness and the invariant audit).
+//! child creation), `fence` (fence, aborts, batch state and the children's counters),
+//! `recovery` (job liveness and the invariant audit), and `ui` and `args_match` (the operator
+//! dashboard's views and bulk changes, and its `args contains` filter).
 //!
 //! Concurrency comes from InnoDB row locks: claims and the reaper pick rows with `SELECT … FOR
 //! UPDATE SKIP LOCKED` and then update them by id in the same transaction (there is no
@@ -19,6 +20,7 @@
 //! LONGTEXT, every table is InnoDB with `utf8mb4_bin`. Wake-ups are in-process plus polling (no
 //! LISTEN/NOTIFY).
 
+mod args_match;
 mod batch;
 mod bridge;
 mod claim;
@@ -33,14 +35,15 @@ mod maintenance;
 mod query;
 mod recovery;
 mod schedule;
+mod ui;
 mod views;
 
 pub use connect::DEFAULT_MAX_CONNECTIONS;
 pub(crate) use connect::{from_ms, ms, opt_text, retry_deadlocks, text};
 
 use super::{
-    Backend, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult, Lease, PruneCutoffs,
-    QueueStats, ReapReport, Store, Wakeup,
+    Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
+    Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket, Wakeup,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
@@ -56,6 +59,7 @@ use crate::error::Result;
 use crate::jobs::packets::EncodedPacket;
 use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
 use crate::schedule::{PreparedSchedule, Schedule};
+use crate::search::{ActionPage, ActionSearch};
 use crate::state::JobStatus;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -422,89 +426,6 @@ impl Store for MySqlStore {
         recovery::audit(self, now, grace).await
     }
 
-    // TEMPORARY (branch ops only): replaced by src/store/mysql/ui.rs before merging to main.
-    async fn search_actions(
-        &self,
-        _s: &crate::search::ActionSearch,
-    ) -> Result<crate::search::ActionPage> {
-        Err(crate::Error::invalid(
-            "backend",
-            "search_actions not yet on this backend",
-        ))
-    }
-    async fn count_actions(
-        &self,
-        _s: &crate::search::ActionSearch,
-        _cap: i64,
-    ) -> Result<crate::store::Capped> {
-        Err(crate::Error::invalid(
-            "backend",
-            "count_actions not yet on this backend",
-        ))
-    }
-    async fn throughput(
-        &self,
-        _a: DateTime<Utc>,
-        _b: DateTime<Utc>,
-        _c: chrono::Duration,
-    ) -> Result<Vec<crate::store::ThroughputBucket>> {
-        Err(crate::Error::invalid(
-            "backend",
-            "throughput not yet on this backend",
-        ))
-    }
-    async fn logs_tail(&self, _id: i64, _l: i64) -> Result<Vec<ActionLog>> {
-        Err(crate::Error::invalid(
-            "backend",
-            "logs_tail not yet on this backend",
-        ))
-    }
-    async fn schema_version(&self) -> Result<i64> {
-        Err(crate::Error::invalid(
-            "backend",
-            "schema_version not yet on this backend",
-        ))
-    }
-    async fn cancel_many(
-        &self,
-        _ids: &[i64],
-        _a: &str,
-        _n: DateTime<Utc>,
-    ) -> Result<crate::store::BulkOutcome> {
-        Err(crate::Error::invalid(
-            "backend",
-            "cancel_many not yet on this backend",
-        ))
-    }
-    async fn retry_many(
-        &self,
-        _ids: &[i64],
-        _a: &str,
-        _n: DateTime<Utc>,
-    ) -> Result<crate::store::BulkOutcome> {
-        Err(crate::Error::invalid(
-            "backend",
-            "retry_many not yet on this backend",
-        ))
-    }
-    async fn run_now(
-        &self,
-        _ids: &[i64],
-        _a: &str,
-        _n: DateTime<Utc>,
-    ) -> Result<crate::store::BulkOutcome> {
-        Err(crate::Error::invalid(
-            "backend",
-            "run_now not yet on this backend",
-        ))
-    }
-    async fn delete_actions(&self, _ids: &[i64]) -> Result<crate::store::BulkOutcome> {
-        Err(crate::Error::invalid(
-            "backend",
-            "delete_actions not yet on this backend",
-        ))
-    }
-
     async fn database_now(&self) -> Result<DateTime<Utc>> {
         query::database_now(self).await
     }
@@ -547,6 +468,57 @@ impl Store for MySqlStore {
         max_scopes: i64,
     ) -> Result<Vec<crate::search::ScopeStat>> {
         views::claim_scopes(self, now, cap, max_scopes).await
+    }
+
+    async fn search_actions(&self, search: &ActionSearch) -> Result<ActionPage> {
+        ui::search_actions(self, search).await
+    }
+
+    async fn count_actions(&self, search: &ActionSearch, cap: i64) -> Result<Capped> {
+        ui::count_actions(self, search, cap).await
+    }
+
+    async fn throughput(
+        &self,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        bucket: chrono::Duration,
+    ) -> Result<Vec<ThroughputBucket>> {
+        ui::throughput(self, since, until, bucket).await
+    }
+
+    async fn logs_tail(&self, id: i64, limit: i64) -> Result<Vec<ActionLog>> {
+        ui::logs_tail(self, id, limit).await
+    }
+
+    async fn schema_version(&self) -> Result<i64> {
+        ui::schema_version(self).await
+    }
+
+    async fn cancel_many(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<BulkOutcome> {
+        ui::cancel_many(self, ids, actor, now).await
+    }
+
+    async fn retry_many(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<BulkOutcome> {
+        ui::retry_many(self, ids, actor, now).await
+    }
+
+    async fn run_now(&self, ids: &[i64], actor: &str, now: DateTime<Utc>) -> Result<BulkOutcome> {
+        ui::run_now(self, ids, actor, now).await
+    }
+
+    async fn delete_actions(&self, ids: &[i64]) -> Result<BulkOutcome> {
+        ui::delete_actions(self, ids).await
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

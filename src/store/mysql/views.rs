@@ -67,7 +67,7 @@ pub(super) async fn group_overview(
     let mut last: Option<String> = None;
     while (groups.len() as i64) <= max_groups {
         let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
-            "SELECT MIN(group_name) FROM dockhand_actions WHERE group_name IS NOT NULL",
+            "SELECT MIN(group_name) AS g FROM dockhand_actions WHERE group_name IS NOT NULL",
         );
         if let Some(l) = &last {
             qb.push(" AND group_name > ").push_bind(l.clone());

@@ -6,8 +6,8 @@
 //! `jobs` (jobs, engine data, the event outbox, packets), `bridge` (the terminal bridge's
 //! transaction), `claims` (item claims) and `ledger` (the tracked-items rows the shipped
 //! completion handler writes), `batch` (batch worklists, children, fence and abort) and
-//! `recovery` (job liveness and the invariant audit); `listen` (PostgreSQL only) owns the
-//! wake-up channel name and the LISTEN task.
+//! `recovery` (job liveness and the invariant audit), `ui` (the operator dashboard's views and
+//! bulk changes); `listen` (PostgreSQL only) owns the wake-up channel name and the LISTEN task.
 //!
 //! Concurrency comes from row locks instead of a single writer: claims and the reaper pick rows
 //! with `FOR UPDATE SKIP LOCKED`, unique enqueues rely on `ON CONFLICT … DO NOTHING` waiting for
@@ -30,14 +30,15 @@ mod maintenance;
 mod query;
 mod recovery;
 mod schedule;
+mod ui;
 mod views;
 
 pub(crate) use connect::ts;
 pub use connect::DEFAULT_MAX_CONNECTIONS;
 
 use super::{
-    Backend, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult, Lease, PruneCutoffs,
-    QueueStats, ReapReport, Store, Wakeup,
+    Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
+    Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket, Wakeup,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
@@ -53,6 +54,7 @@ use crate::error::Result;
 use crate::jobs::packets::EncodedPacket;
 use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
 use crate::schedule::{PreparedSchedule, Schedule};
+use crate::search::{ActionPage, ActionSearch};
 use crate::state::JobStatus;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -454,89 +456,6 @@ impl Store for PgStore {
         recovery::audit(self, now, grace).await
     }
 
-    // TEMPORARY (branch ops only): replaced by src/store/postgres/ui.rs before merging to main.
-    async fn search_actions(
-        &self,
-        _s: &crate::search::ActionSearch,
-    ) -> Result<crate::search::ActionPage> {
-        Err(crate::Error::invalid(
-            "backend",
-            "search_actions not yet on this backend",
-        ))
-    }
-    async fn count_actions(
-        &self,
-        _s: &crate::search::ActionSearch,
-        _cap: i64,
-    ) -> Result<crate::store::Capped> {
-        Err(crate::Error::invalid(
-            "backend",
-            "count_actions not yet on this backend",
-        ))
-    }
-    async fn throughput(
-        &self,
-        _a: DateTime<Utc>,
-        _b: DateTime<Utc>,
-        _c: chrono::Duration,
-    ) -> Result<Vec<crate::store::ThroughputBucket>> {
-        Err(crate::Error::invalid(
-            "backend",
-            "throughput not yet on this backend",
-        ))
-    }
-    async fn logs_tail(&self, _id: i64, _l: i64) -> Result<Vec<ActionLog>> {
-        Err(crate::Error::invalid(
-            "backend",
-            "logs_tail not yet on this backend",
-        ))
-    }
-    async fn schema_version(&self) -> Result<i64> {
-        Err(crate::Error::invalid(
-            "backend",
-            "schema_version not yet on this backend",
-        ))
-    }
-    async fn cancel_many(
-        &self,
-        _ids: &[i64],
-        _a: &str,
-        _n: DateTime<Utc>,
-    ) -> Result<crate::store::BulkOutcome> {
-        Err(crate::Error::invalid(
-            "backend",
-            "cancel_many not yet on this backend",
-        ))
-    }
-    async fn retry_many(
-        &self,
-        _ids: &[i64],
-        _a: &str,
-        _n: DateTime<Utc>,
-    ) -> Result<crate::store::BulkOutcome> {
-        Err(crate::Error::invalid(
-            "backend",
-            "retry_many not yet on this backend",
-        ))
-    }
-    async fn run_now(
-        &self,
-        _ids: &[i64],
-        _a: &str,
-        _n: DateTime<Utc>,
-    ) -> Result<crate::store::BulkOutcome> {
-        Err(crate::Error::invalid(
-            "backend",
-            "run_now not yet on this backend",
-        ))
-    }
-    async fn delete_actions(&self, _ids: &[i64]) -> Result<crate::store::BulkOutcome> {
-        Err(crate::Error::invalid(
-            "backend",
-            "delete_actions not yet on this backend",
-        ))
-    }
-
     async fn database_now(&self) -> Result<DateTime<Utc>> {
         query::database_now(self).await
     }
@@ -579,6 +498,57 @@ impl Store for PgStore {
         max_scopes: i64,
     ) -> Result<Vec<crate::search::ScopeStat>> {
         views::claim_scopes(self, now, cap, max_scopes).await
+    }
+
+    async fn search_actions(&self, search: &ActionSearch) -> Result<ActionPage> {
+        ui::search_actions(self, search).await
+    }
+
+    async fn count_actions(&self, search: &ActionSearch, cap: i64) -> Result<Capped> {
+        ui::count_actions(self, search, cap).await
+    }
+
+    async fn throughput(
+        &self,
+        since: DateTime<Utc>,
+        until: DateTime<Utc>,
+        bucket: chrono::Duration,
+    ) -> Result<Vec<ThroughputBucket>> {
+        ui::throughput(self, since, until, bucket).await
+    }
+
+    async fn logs_tail(&self, id: i64, limit: i64) -> Result<Vec<ActionLog>> {
+        ui::logs_tail(self, id, limit).await
+    }
+
+    async fn schema_version(&self) -> Result<i64> {
+        ui::schema_version(self).await
+    }
+
+    async fn cancel_many(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<BulkOutcome> {
+        ui::cancel_many(self, ids, actor, now).await
+    }
+
+    async fn retry_many(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<BulkOutcome> {
+        ui::retry_many(self, ids, actor, now).await
+    }
+
+    async fn run_now(&self, ids: &[i64], actor: &str, now: DateTime<Utc>) -> Result<BulkOutcome> {
+        ui::run_now(self, ids, actor, now).await
+    }
+
+    async fn delete_actions(&self, ids: &[i64]) -> Result<BulkOutcome> {
+        ui::delete_actions(self, ids).await
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {

@@ -66,31 +66,17 @@ fn push_filters(qb: &mut QueryBuilder<'_, Sqlite>, s: &ActionSearch) -> Result<(
     Ok(())
 }
 
-/// Appends the keyset condition `(keys) > (cursor)` (or `<`) in a form whose first column is
-/// a plain range, so the planner walks the sort's index from the cursor.
+/// Appends the keyset condition `(keys) > (cursor)` (or `<`) as a row-value comparison, which
+/// SQLite turns into a range on the sort's index starting exactly at the cursor (an expanded
+/// `a > x OR (a = x AND …)` form would only bound the first column).
 fn push_keyset(qb: &mut QueryBuilder<'_, Sqlite>, cols: &[&str], keys: &[i64], up: bool) {
-    let (op, op_eq) = if up { (">", ">=") } else { ("<", "<=") };
-    let (Some(first), Some(k0)) = (cols.first(), keys.first()) else {
-        return;
-    };
-    if cols.len() > 1 {
-        qb.push(format!(" AND {first} {op_eq} ")).push_bind(*k0);
+    let op = if up { ">" } else { "<" };
+    qb.push(format!(" AND ({}) {op} (", cols.join(", ")));
+    let mut sep = qb.separated(", ");
+    for k in keys {
+        sep.push_bind(*k);
     }
-    qb.push(" AND ");
-    for (i, (c, k)) in cols.iter().zip(keys).enumerate() {
-        if i + 1 == cols.len() {
-            qb.push(format!("{c} {op} ")).push_bind(*k);
-        } else {
-            qb.push(format!("({c} {op} "))
-                .push_bind(*k)
-                .push(format!(" OR ({c} = "))
-                .push_bind(*k)
-                .push(" AND ");
-        }
-    }
-    for _ in 1..cols.len() {
-        qb.push("))");
-    }
+    qb.push(")");
 }
 
 pub(super) fn summary_from_row(row: &SqliteRow) -> Result<ActionSummary> {

@@ -20,7 +20,11 @@ use axum::response::Response;
 use maud::{html, Markup};
 
 /// `GET /batches`.
-pub(crate) async fn list(State(st): State<AppState>, ctx: Ctx, Query(p): Query<JobParams>) -> Response {
+pub(crate) async fn list(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Query(p): Query<JobParams>,
+) -> Response {
     let result = async {
         let search = JobSearch { batches_only: true, ..p.search(st.cfg.page_size)? };
         let page = st.store.search_jobs(&search).await?;
@@ -66,21 +70,44 @@ fn progress(b: &BatchState) -> Markup {
 }
 
 /// `GET /batches/{id}`.
-pub(crate) async fn page(State(st): State<AppState>, ctx: Ctx, Path(id): Path<i64>, Query(q): Query<MsgQuery>) -> Response {
+pub(crate) async fn page(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path(id): Path<i64>,
+    Query(q): Query<MsgQuery>,
+) -> Response {
     let result = async {
         let body = detail(&st, &ctx, id, q.notice()).await?;
-        Ok(layout::page(&ctx, Nav::Batches, &format!("Batch {id}"), body))
+        Ok(layout::page(
+            &ctx,
+            Nav::Batches,
+            &format!("Batch {id}"),
+            body,
+        ))
     }
     .await;
     ctx.respond(result)
 }
 
 async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Result<Markup> {
-    let job = st.store.get_job(id).await?.ok_or(Error::NotFound { what: "job", id })?;
-    let b = st.store.batch_state(id).await?.ok_or_else(|| Error::invalid("batch", format!("job {id} did not fan out")))?;
+    let job = st
+        .store
+        .get_job(id)
+        .await?
+        .ok_or(Error::NotFound { what: "job", id })?;
+    let b = st
+        .store
+        .batch_state(id)
+        .await?
+        .ok_or_else(|| Error::invalid("batch", format!("job {id} did not fan out")))?;
     let failed = st
         .store
-        .search_jobs(&JobSearch { parent_id: Some(id), status: Some(JobStatus::Failed), limit: 50, ..JobSearch::default() })
+        .search_jobs(&JobSearch {
+            parent_id: Some(id),
+            status: Some(JobStatus::Failed),
+            limit: 50,
+            ..JobSearch::default()
+        })
         .await?;
     Ok(html! {
         h1 { "Batch " (id) " " (job_status(job.status)) }
@@ -111,11 +138,27 @@ async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Re
 /// `POST /batches/{id}/cancel`: `Jobs::cancel` on the parent (B5).
 pub(crate) async fn cancel(State(st): State<AppState>, ctx: Ctx, Path(id): Path<i64>) -> Response {
     let result = async {
-        st.store.get_job(id).await?.ok_or(Error::NotFound { what: "job", id })?;
+        st.store
+            .get_job(id)
+            .await?
+            .ok_or(Error::NotFound { what: "job", id })?;
         let done = st.jobs().cancel(id).await?;
-        audit(&ctx, "batch_cancel", &id.to_string(), 1, u64::from(done.changed));
-        let notice = if done.changed { Notice::BatchCanceled } else { Notice::JobAlreadyFinal };
-        ctx.done(&format!("/batches/{id}"), notice, || async { detail(&st, &ctx, id, Some(notice)).await }).await
+        audit(
+            &ctx,
+            "batch_cancel",
+            &id.to_string(),
+            1,
+            u64::from(done.changed),
+        );
+        let notice = if done.changed {
+            Notice::BatchCanceled
+        } else {
+            Notice::JobAlreadyFinal
+        };
+        ctx.done(&format!("/batches/{id}"), notice, || async {
+            detail(&st, &ctx, id, Some(notice)).await
+        })
+        .await
     }
     .await;
     ctx.respond(result)

@@ -43,17 +43,24 @@ impl BulkOp {
             .find(|(_, name, _)| *name == s)
             .map(|(op, _, _)| *op)
             .ok_or_else(|| {
-                Error::invalid("op", format!("unknown bulk change `{s}` (retry, cancel, run_now, delete)"))
+                Error::invalid(
+                    "op",
+                    format!("unknown bulk change `{s}` (retry, cancel, run_now, delete)"),
+                )
             })
     }
 
     /// The name in forms and audit events.
     pub(crate) fn as_str(self) -> &'static str {
-        OPS.iter().find(|(op, _, _)| *op == self).map_or("", |(_, n, _)| n)
+        OPS.iter()
+            .find(|(op, _, _)| *op == self)
+            .map_or("", |(_, n, _)| n)
     }
 
     fn label(self) -> &'static str {
-        OPS.iter().find(|(op, _, _)| *op == self).map_or("", |(_, _, l)| l)
+        OPS.iter()
+            .find(|(op, _, _)| *op == self)
+            .map_or("", |(_, _, l)| l)
     }
 
     async fn apply(self, st: &AppState, ctx: &Ctx, ids: &[i64]) -> Result<BulkOutcome> {
@@ -122,11 +129,17 @@ fn read_form(pairs: Vec<(String, String)>) -> Result<BulkForm> {
                 continue;
             }
             "id" => {
-                ids.push(v.parse::<i64>().map_err(|_| Error::invalid("id", format!("`{v}` is not an id")))?);
+                ids.push(
+                    v.parse::<i64>()
+                        .map_err(|_| Error::invalid("id", format!("`{v}` is not an id")))?,
+                );
                 continue;
             }
             "max_id" => {
-                max_id = Some(v.parse::<i64>().map_err(|_| Error::invalid("max_id", format!("`{v}` is not an id")))?);
+                max_id = Some(
+                    v.parse::<i64>()
+                        .map_err(|_| Error::invalid("max_id", format!("`{v}` is not an id")))?,
+                );
                 continue;
             }
             "back" => {
@@ -149,13 +162,22 @@ fn read_form(pairs: Vec<(String, String)>) -> Result<BulkForm> {
     }
     let op = op.ok_or_else(|| Error::invalid("op", "no bulk change chosen"))?;
     if ids.len() as i64 > MAX_PAGE {
-        return Err(Error::invalid("id", format!("{} rows checked; at most {MAX_PAGE}", ids.len())));
+        return Err(Error::invalid(
+            "id",
+            format!("{} rows checked; at most {MAX_PAGE}", ids.len()),
+        ));
     }
     // Only a path of this list may be the way back (no open redirect).
     if !back.starts_with("/actions") {
         back = params.href(&[]);
     }
-    Ok(BulkForm { params, op, ids, max_id, back })
+    Ok(BulkForm {
+        params,
+        op,
+        ids,
+        max_id,
+        back,
+    })
 }
 
 /// `POST /actions/bulk`: the change on the checked rows.
@@ -170,7 +192,14 @@ pub(crate) async fn selected(
             return Err(Error::invalid("id", "no rows checked"));
         }
         let outcome = form.op.apply(&st, &ctx, &form.ids).await?;
-        audit_bulk(&ctx, form.op.as_str(), &ids_text(&form.ids), false, form.ids.len() as u64, &outcome);
+        audit_bulk(
+            &ctx,
+            form.op.as_str(),
+            &ids_text(&form.ids),
+            false,
+            form.ids.len() as u64,
+            &outcome,
+        );
         done(&st, &ctx, &form, &outcome).await
     }
     .await;
@@ -191,8 +220,14 @@ async fn done(st: &AppState, ctx: &Ctx, form: &BulkForm, o: &BulkOutcome) -> Res
     );
     ctx.done(&to, layout::Notice::Bulk, || async {
         let counts = (o.changed.len() as u64, o.skipped.len() as u64);
-        super::actions::render(st, ctx, &form.params, Some(layout::Notice::Bulk), Some(counts))
-            .await
+        super::actions::render(
+            st,
+            ctx,
+            &form.params,
+            Some(layout::Notice::Bulk),
+            Some(counts),
+        )
+        .await
     })
     .await
 }

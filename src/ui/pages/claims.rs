@@ -43,7 +43,9 @@ fn id_field(field: &'static str, s: &str) -> Result<Option<i64>> {
     if t.is_empty() {
         return Ok(None);
     }
-    t.parse().map(Some).map_err(|_| Error::invalid(field, format!("`{t}` is not an id")))
+    t.parse()
+        .map(Some)
+        .map_err(|_| Error::invalid(field, format!("`{t}` is not an id")))
 }
 
 impl ClaimParams {
@@ -53,11 +55,18 @@ impl ClaimParams {
             "processed" => Some(ClaimStatus::Processed),
             "deferred" => Some(ClaimStatus::Deferred),
             "all" => None,
-            other => return Err(Error::invalid("status", format!("unknown claim status `{other}`"))),
+            other => {
+                return Err(Error::invalid(
+                    "status",
+                    format!("unknown claim status `{other}`"),
+                ))
+            }
         };
         let stale = !self.stale.trim().is_empty();
         let s = ClaimSearch {
-            scope: Some(self.scope.trim()).filter(|s| !s.is_empty()).map(str::to_owned),
+            scope: Some(self.scope.trim())
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
             status: if stale { None } else { status },
             job_id: id_field("job", &self.job)?,
             stale_at: stale.then_some(ctx.now),
@@ -70,20 +79,33 @@ impl ClaimParams {
     }
 
     fn href(&self, cursor: Option<(&str, i64)>) -> String {
-        let mut pairs: Vec<String> = [("scope", &self.scope), ("status", &self.status), ("job", &self.job), ("stale", &self.stale)]
-            .into_iter()
-            .filter(|(_, v)| !v.trim().is_empty())
-            .map(|(k, v)| format!("{k}={}", layout::query_value(v.trim())))
-            .collect();
+        let mut pairs: Vec<String> = [
+            ("scope", &self.scope),
+            ("status", &self.status),
+            ("job", &self.job),
+            ("stale", &self.stale),
+        ]
+        .into_iter()
+        .filter(|(_, v)| !v.trim().is_empty())
+        .map(|(k, v)| format!("{k}={}", layout::query_value(v.trim())))
+        .collect();
         if let Some((k, id)) = cursor {
             pairs.push(format!("{k}={id}"));
         }
-        if pairs.is_empty() { "/claims".into() } else { format!("/claims?{}", pairs.join("&")) }
+        if pairs.is_empty() {
+            "/claims".into()
+        } else {
+            format!("/claims?{}", pairs.join("&"))
+        }
     }
 }
 
 /// `GET /claims`.
-pub(crate) async fn page(State(st): State<AppState>, ctx: Ctx, Query(p): Query<ClaimParams>) -> Response {
+pub(crate) async fn page(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Query(p): Query<ClaimParams>,
+) -> Response {
     let result = async {
         let search = p.search(&ctx, st.cfg.page_size)?;
         let scopes = st.store.claim_scopes(ctx.now, st.cfg.count_cap, MAX_SCOPES).await?;

@@ -19,8 +19,16 @@ pub(crate) const MAX_GROUPS: i64 = 200;
 /// `GET /groups`.
 pub(crate) async fn page(State(st): State<AppState>, ctx: Ctx) -> Response {
     let result = async {
-        let groups = st.store.group_overview(ctx.now, st.cfg.count_cap, MAX_GROUPS).await?;
-        Ok(layout::page(&ctx, Nav::Groups, "Groups", body(&ctx, &groups)))
+        let groups = st
+            .store
+            .group_overview(ctx.now, st.cfg.count_cap, MAX_GROUPS)
+            .await?;
+        Ok(layout::page(
+            &ctx,
+            Nav::Groups,
+            "Groups",
+            body(&ctx, &groups),
+        ))
     }
     .await;
     ctx.respond(result)

@@ -40,7 +40,9 @@ fn id_field(field: &'static str, s: &str) -> Result<Option<i64>> {
     if t.is_empty() {
         return Ok(None);
     }
-    t.parse().map(Some).map_err(|_| Error::invalid(field, format!("`{t}` is not an id")))
+    t.parse()
+        .map(Some)
+        .map_err(|_| Error::invalid(field, format!("`{t}` is not an id")))
 }
 
 impl JobParams {
@@ -52,7 +54,9 @@ impl JobParams {
         };
         let s = JobSearch {
             status,
-            pipeline: Some(self.pipeline.trim()).filter(|p| !p.is_empty()).map(str::to_owned),
+            pipeline: Some(self.pipeline.trim())
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned),
             parent_id: id_field("parent", &self.parent)?,
             after: id_field("after", &self.after)?,
             before: id_field("before", &self.before)?,
@@ -65,20 +69,32 @@ impl JobParams {
 
     /// `path?…` with these filters and an optional cursor.
     pub(crate) fn href(&self, path: &str, cursor: Option<(&str, i64)>) -> String {
-        let mut pairs: Vec<String> = [("status", &self.status), ("pipeline", &self.pipeline), ("parent", &self.parent)]
-            .into_iter()
-            .filter(|(_, v)| !v.trim().is_empty())
-            .map(|(k, v)| format!("{k}={}", layout::query_value(v.trim())))
-            .collect();
+        let mut pairs: Vec<String> = [
+            ("status", &self.status),
+            ("pipeline", &self.pipeline),
+            ("parent", &self.parent),
+        ]
+        .into_iter()
+        .filter(|(_, v)| !v.trim().is_empty())
+        .map(|(k, v)| format!("{k}={}", layout::query_value(v.trim())))
+        .collect();
         if let Some((k, id)) = cursor {
             pairs.push(format!("{k}={id}"));
         }
-        if pairs.is_empty() { path.to_owned() } else { format!("{path}?{}", pairs.join("&")) }
+        if pairs.is_empty() {
+            path.to_owned()
+        } else {
+            format!("{path}?{}", pairs.join("&"))
+        }
     }
 }
 
 /// `GET /jobs`.
-pub(crate) async fn list(State(st): State<AppState>, ctx: Ctx, Query(p): Query<JobParams>) -> Response {
+pub(crate) async fn list(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Query(p): Query<JobParams>,
+) -> Response {
     let result = async {
         let page = st.store.search_jobs(&p.search(st.cfg.page_size)?).await?;
         let body = html! {
@@ -111,8 +127,17 @@ pub(crate) fn filters(ctx: &Ctx, p: &JobParams, path: &str) -> Markup {
 }
 
 /// Previous/next links of a job list.
-pub(crate) fn pager<T>(ctx: &Ctx, p: &JobParams, path: &str, page: &crate::search::IdPage<T>) -> Markup {
-    let first = JobParams { after: String::new(), before: String::new(), ..p.clone() };
+pub(crate) fn pager<T>(
+    ctx: &Ctx,
+    p: &JobParams,
+    path: &str,
+    page: &crate::search::IdPage<T>,
+) -> Markup {
+    let first = JobParams {
+        after: String::new(),
+        before: String::new(),
+        ..p.clone()
+    };
     html! {
         nav.pager aria-label="Pages" {
             a href=(ctx.href(&first.href(path, None))) { "First" }
@@ -158,7 +183,12 @@ pub(crate) fn job_table(ctx: &Ctx, jobs: &[Job]) -> Markup {
 }
 
 /// `GET /jobs/{id}`.
-pub(crate) async fn page(State(st): State<AppState>, ctx: Ctx, Path(id): Path<i64>, Query(q): Query<MsgQuery>) -> Response {
+pub(crate) async fn page(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path(id): Path<i64>,
+    Query(q): Query<MsgQuery>,
+) -> Response {
     let result = async {
         let body = detail(&st, &ctx, id, q.notice()).await?;
         Ok(layout::page(&ctx, Nav::Jobs, &format!("Job {id}"), body))
@@ -168,11 +198,19 @@ pub(crate) async fn page(State(st): State<AppState>, ctx: Ctx, Path(id): Path<i6
 }
 
 async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Result<Markup> {
-    let job = st.store.get_job(id).await?.ok_or(Error::NotFound { what: "job", id })?;
+    let job = st
+        .store
+        .get_job(id)
+        .await?
+        .ok_or(Error::NotFound { what: "job", id })?;
     let actions = st.store.job_actions(id, 100).await?;
     let claims = st
         .store
-        .list_claims(&ClaimFilter { job_id: Some(id), limit: 200, ..ClaimFilter::default() })
+        .list_claims(&ClaimFilter {
+            job_id: Some(id),
+            limit: 200,
+            ..ClaimFilter::default()
+        })
         .await?;
     let batch = st.store.batch_state(id).await?;
     let steps = st.jobs().pipeline_steps(&job.pipeline);
@@ -214,7 +252,9 @@ async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Re
 
 /// Steps 0..=step_index as an ordered list; the current one marked, names when known.
 fn stepper(job: &Job, names: Option<&[String]>) -> Markup {
-    let total = names.map_or(job.step_index as usize + 1, <[String]>::len).max(job.step_index as usize + 1);
+    let total = names
+        .map_or(job.step_index as usize + 1, <[String]>::len)
+        .max(job.step_index as usize + 1);
     html! {
         ol.stepper {
             @for i in 0..total {
@@ -261,18 +301,34 @@ pub(crate) async fn cancel(State(st): State<AppState>, ctx: Ctx, Path(id): Path<
 
 async fn finish(st: AppState, ctx: Ctx, id: i64, cancel: bool) -> Response {
     let result = async {
-        st.store.get_job(id).await?.ok_or(Error::NotFound { what: "job", id })?;
+        st.store
+            .get_job(id)
+            .await?
+            .ok_or(Error::NotFound { what: "job", id })?;
         let jobs = st.jobs();
         let why = format!("operator ui:{}", ctx.user);
-        let done = if cancel { jobs.cancel(id).await? } else { jobs.manual_fail(id, Some(&why)).await? };
-        audit(&ctx, if cancel { "job_cancel" } else { "job_fail" }, &id.to_string(), 1, u64::from(done.changed));
+        let done = if cancel {
+            jobs.cancel(id).await?
+        } else {
+            jobs.manual_fail(id, Some(&why)).await?
+        };
+        audit(
+            &ctx,
+            if cancel { "job_cancel" } else { "job_fail" },
+            &id.to_string(),
+            1,
+            u64::from(done.changed),
+        );
         let notice = match (done.changed, cancel) {
             (false, _) => Notice::JobAlreadyFinal,
             (true, true) => Notice::JobCanceled,
             (true, false) => Notice::JobFailed,
         };
         let to = format!("/jobs/{id}");
-        ctx.done(&to, notice, || async { detail(&st, &ctx, id, Some(notice)).await }).await
+        ctx.done(&to, notice, || async {
+            detail(&st, &ctx, id, Some(notice)).await
+        })
+        .await
     }
     .await;
     ctx.respond(result)

@@ -88,7 +88,7 @@ fn key(a: &Action, sort: ActionSort) -> Vec<i64> {
 fn expected(actions: &[Action], s: &ActionSearch, keep: impl Fn(&Action) -> bool) -> Vec<i64> {
     let mut rows: Vec<&Action> = actions
         .iter()
-        .filter(|a| s.status.is_none_or(|st| a.status == st))
+        .filter(|a| s.status.map_or(true, |st| a.status == st))
         .filter(|a| keep(a))
         .collect();
     rows.sort_by_key(|a| key(a, s.sort));
@@ -193,11 +193,14 @@ pub async fn ops_keyset_lists_every_row_once_in_each_order(db: TestDb) {
     assert!(back.prev.is_none(), "nothing before the first page");
 }
 
+/// A search and the predicate, in Rust, of the rows it should list.
+type Check = (ActionSearch, Box<dyn Fn(&Action) -> bool>);
+
 pub async fn ops_filters_and_capped_counts(db: TestDb) {
     let actions = seed(&db).await;
     let t0 = actions.iter().map(|a| a.scheduled_at).min().unwrap();
     let max_id = actions[30].id;
-    let checks: Vec<(ActionSearch, Box<dyn Fn(&Action) -> bool>)> = vec![
+    let checks: Vec<Check> = vec![
         (
             ActionSearch {
                 hook: Some("h1".into()),
