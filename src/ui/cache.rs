@@ -66,8 +66,24 @@ mod tests {
         }
         assert_eq!(loads.load(Ordering::SeqCst), 1);
         let fresh = Slot::<u32>::new();
-        assert_eq!(fresh.get(Duration::from_secs(60), || async { Err::<u32, _>("down") }).await, Err("down"));
-        assert_eq!(fresh.get(Duration::from_secs(60), || async { Ok::<_, &str>(3) }).await, Ok(3));
-        assert_eq!(fresh.get(Duration::ZERO, || async { Ok::<_, &str>(4) }).await, Ok(4), "ttl 0 reloads");
+        assert_eq!(
+            fresh
+                .get(Duration::from_secs(60), || async { Err::<u32, _>("down") })
+                .await,
+            Err("down")
+        );
+        assert_eq!(
+            fresh
+                .get(Duration::from_secs(60), || async { Ok::<_, &str>(3) })
+                .await,
+            Ok(3)
+        );
+        assert_eq!(
+            fresh
+                .get(Duration::ZERO, || async { Ok::<_, &str>(4) })
+                .await,
+            Ok(4),
+            "ttl 0 reloads"
+        );
     }
 }

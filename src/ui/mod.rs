@@ -34,6 +34,7 @@
 
 mod assets;
 mod auth;
+mod cache;
 mod csrf;
 mod layers;
 mod pages;

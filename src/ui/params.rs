@@ -219,7 +219,10 @@ mod tests {
     use super::*;
 
     fn p(q: &str) -> ListParams {
-        serde_urlencoded::from_str(q).unwrap()
+        let uri: axum::http::Uri = format!("/actions?{q}").parse().unwrap();
+        axum::extract::Query::<ListParams>::try_from_uri(&uri)
+            .unwrap()
+            .0
     }
 
     #[test]

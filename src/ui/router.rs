@@ -37,6 +37,8 @@ pub(crate) struct AppState {
     pub(crate) csrf_key: [u8; 32],
     /// The accepted basic-auth credentials.
     pub(crate) creds: Arc<Credentials>,
+    /// The overview's single-flight cached reads.
+    pub(crate) overview: Arc<pages::overview::OverviewCache>,
 }
 
 /// The dashboard's router, to serve as it is or to nest under `cfg.base_path` in a host's
@@ -74,6 +76,7 @@ pub fn try_router(store: DynStore, cfg: UiConfig) -> crate::Result<Router> {
         },
         base: base.into(),
         creds: Arc::new(creds),
+        overview: Arc::new(pages::overview::OverviewCache::new()),
         cfg: Arc::new(cfg),
     };
     Ok(routes()

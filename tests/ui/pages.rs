@@ -71,15 +71,26 @@ async fn overview_counts_statuses_and_groups() {
     let f = Fixture::new().await;
     let app = f.app(f.config(Access::ReadOnly));
     let html = get(&app, "/", &[]).await.text();
-    // One pending, one failed; the `mail` group and the ungrouped row.
+    // One pending, one failed; the `mail` group (the failed action has no group and is not
+    // pending or running, so no ungrouped row).
     assert!(html.contains(r#"<a class="card" href="/actions?status=pending"><div class="label"><span class="badge s-pending">pending</span></div><div class="value">1</div></a>"#), "{html}");
     assert!(html.contains(r#"href="/actions?status=failed"><div class="label"><span class="badge s-failed">failed</span></div><div class="value">1</div>"#), "{html}");
     assert!(
-        html.contains(r#"<a href="/actions?group=mail">mail</a>"#),
+        html.contains(r#"<a href="/actions?status=pending&amp;group=mail">mail</a>"#),
         "{html}"
     );
-    assert!(html.contains("(no group)"));
-    assert!(html.contains("No finished actions in this window."));
+    assert!(!html.contains("(none)"), "{html}");
+    // Due now: the pending action is due at t0.
+    assert!(
+        html.contains(r#"<div class="label">Due now</div><div class="value">1</div>"#),
+        "{html}"
+    );
+    // The failed action finished at t0 + 1 s, inside the last hour and day.
+    assert!(
+        !html.contains("No finished actions in this window."),
+        "{html}"
+    );
+    assert!(html.contains("0 completed, 1 failed"), "{html}");
     assert!(html.contains(r#"aria-current="page">Overview"#));
 }
 

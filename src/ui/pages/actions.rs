@@ -122,9 +122,18 @@ fn filters(ctx: &Ctx, params: &ListParams, search: &ActionSearch) -> Markup {
             label { "Args contain " input.wide type="text" name="args" value=(params.args) placeholder=r#"{"user_id": 42}"#; }
             label { input type="checkbox" name="internal" value="1" checked[!params.internal.is_empty()]; " internal" }
             button type="submit" { "Filter" }
-            " " a href=(ctx.href(&params.with_status(search.status).href(&[]).split('?').next().unwrap_or("/actions").to_string())) { "Clear" }
+            " " a href=(ctx.href(&clear(params))) { "Clear" }
         }
     }
+}
+
+/// The list of the same status tab without filters.
+fn clear(params: &ListParams) -> String {
+    ListParams {
+        status: params.status.clone(),
+        ..ListParams::default()
+    }
+    .href(&[])
 }
 
 fn table(ctx: &Ctx, params: &ListParams, search: &ActionSearch, page: &ActionPage) -> Markup {

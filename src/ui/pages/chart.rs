@@ -43,7 +43,7 @@ pub(crate) fn throughput_chart(buckets: &[(DateTime<Utc>, i64, i64)]) -> Markup 
                 xmlns="http://www.w3.org/2000/svg" {
                 title { (label) }
                 @for (value, y) in [(max, TOP), (max / 2, TOP + plot_h / 2.0), (0, TOP + plot_h)] {
-                    line.grid x1=(LEFT) x2=(WIDTH - RIGHT) y1=(y) y2=(y);
+                    line.grid x1=(LEFT) x2=(WIDTH - RIGHT) y1=(y) y2=(y) {}
                     text.axis-label x=(LEFT - 4.0) y=(y + 3.0) text-anchor="end" { (value) }
                 }
                 text.axis-label x=(LEFT) y=(HEIGHT - 6.0) text-anchor="start" {
@@ -52,8 +52,8 @@ pub(crate) fn throughput_chart(buckets: &[(DateTime<Utc>, i64, i64)]) -> Markup 
                 text.axis-label x=(WIDTH - RIGHT) y=(HEIGHT - 6.0) text-anchor="end" {
                     (last.0.format("%H:%M")) " UTC"
                 }
-                polyline.line.completed points=(points(buckets, max, |b| b.1));
-                polyline.line.failed points=(points(buckets, max, |b| b.2));
+                polyline.line.completed points=(points(buckets, max, |b| b.1)) {}
+                polyline.line.failed points=(points(buckets, max, |b| b.2)) {}
             }
             figcaption.legend {
                 span.completed { "■ completed " (completed) }
