@@ -8,7 +8,10 @@
 use chrono::{Duration, TimeZone, Utc};
 use dockhand::store::{ClaimRequest, Finish};
 use dockhand::ui::{router, Access, UiConfig};
-use dockhand::{ActionSpec, DynStore, Queue, Recurrence, ScheduleSpec, TestClock};
+use dockhand::{
+    ActionSpec, DynStore, HandlerError, Packet, Pipeline, Queue, Recurrence, Runtime, ScheduleSpec,
+    StepContext, StepOutput, TestClock,
+};
 use fantoccini::{Client, ClientBuilder};
 use serde_json::json;
 use std::net::SocketAddr;
@@ -16,6 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use tokio::process::{Child, Command};
+
+/// The screenshots the README shows, kept in `docs/screenshots/`.
+pub const DOCS_SHOTS: [&str; 4] = ["overview", "actions", "batch", "batch-theme-toggled"];
 
 /// Where chromedriver lives on Debian.
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -39,6 +45,59 @@ pub struct Seeded {
     pub failed: i64,
     /// Pending actions of hook `email.send`, newest last.
     pub pending: Vec<i64>,
+    /// A batch parent whose 20 children ran (3 failed).
+    pub batch: i64,
+}
+
+/// Runs a real fan-out through a runtime on the same database: 20 items in chunks of 5, the
+/// items 3, 11 and 17 fail fatally. Returns the parent job once every child is final.
+async fn run_batch(url: &str) -> i64 {
+    let pipeline = Pipeline::new("import")
+        .step("split", |_ctx: StepContext| async move {
+            Ok(StepOutput::Packets(
+                (0..20).map(|i| Packet::new(json!({ "item": i }))).collect(),
+            ))
+        })
+        .step("process", |ctx: StepContext| async move {
+            let item = ctx.input()["item"].as_i64().unwrap_or(-1);
+            if [3, 11, 17].contains(&item) {
+                return Err(HandlerError::fatal(format!(
+                    "item {item}: upstream said 404"
+                )));
+            }
+            Ok(StepOutput::one(json!({ "item": item, "ok": true })))
+        })
+        .chunk_size(5)
+        .max_attempts(1);
+    let runtime = Runtime::builder(url)
+        .pipeline(pipeline)
+        .concurrency(4)
+        .poll_interval(std::time::Duration::from_millis(20))
+        .build()
+        .await
+        .expect("runtime");
+    let handle = runtime.start().await.expect("start runtime");
+    let jobs = runtime.jobs();
+    let parent = jobs.start("import", json!({})).await.expect("start batch");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let done = jobs
+            .get(parent)
+            .await
+            .map(|j| j.status.is_final())
+            .unwrap_or(false);
+        if done {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "batch {parent} did not finish in 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    handle.shutdown().await;
+    runtime.store().close().await;
+    parent
 }
 
 /// The dashboard over a seeded temporary SQLite database, served on `127.0.0.1:<port>`.
@@ -61,7 +120,12 @@ impl Dashboard {
         let url = format!("sqlite:{}", dir.path().join("e2e.db").display());
         let store = dockhand::store::connect(&url).await.expect("open sqlite");
         store.migrate().await.expect("migrate");
-        let t0 = Utc.with_ymd_and_hms(2026, 3, 27, 12, 0, 0).single().expect("t0");
+        // The batch first: its runtime fails every action whose hook it does not know.
+        let batch = run_batch(&url).await;
+        let t0 = Utc
+            .with_ymd_and_hms(2026, 3, 27, 12, 0, 0)
+            .single()
+            .expect("t0");
         let clock = TestClock::at(t0);
         let queue = Queue::with_clock(Arc::clone(&store), Arc::new(clock.clone()));
         let mut pending = Vec::new();
@@ -89,8 +153,8 @@ impl Dashboard {
                 .claim(&ClaimRequest {
                     owner: "worker-1",
                     limit: n,
-                    now: t0,
-                    lease_until: t0 + Duration::seconds(30),
+                    now: t0 - Duration::seconds(30),
+                    lease_until: t0,
                     hooks: Some(&hooks),
                 })
                 .await
@@ -98,19 +162,35 @@ impl Dashboard {
             for c in claimed {
                 let finish = if hook == "webhook.call" {
                     failed = c.id;
-                    Finish::Fail { error: "fatal: bad address".into() }
+                    Finish::Fail {
+                        error: "fatal: bad address".into(),
+                    }
                 } else {
                     Finish::Complete
                 };
-                store.finish(c.lease(), &finish, t0 + Duration::seconds(2)).await.expect("finish");
+                let r = store
+                    .finish(c.lease(), &finish, t0 - Duration::seconds(20))
+                    .await
+                    .expect("finish");
+                assert_eq!(r, dockhand::store::FinishResult::Applied);
                 if hook == "email.send" {
                     pending.retain(|p| *p != c.id);
                 }
             }
         }
         for spec in [
-            ScheduleSpec::new("digest", "email.send", Recurrence::every(Duration::minutes(5))),
-            ScheduleSpec::new("nightly", "report.build", Recurrence::cron("0 3 * * *", "Europe/Paris").expect("cron")),
+            ScheduleSpec::new(
+                "email.send",
+                json!({"digest": true}),
+                Recurrence::every(Duration::minutes(5)).expect("every"),
+            )
+            .name("digest"),
+            ScheduleSpec::new(
+                "report.build",
+                json!({}),
+                Recurrence::cron("0 3 * * *", "Europe/Paris").expect("cron"),
+            )
+            .name("nightly"),
         ] {
             queue.schedule(spec).await.expect("schedule");
         }
@@ -120,15 +200,25 @@ impl Dashboard {
             ..UiConfig::default()
         };
         let app = router(Arc::clone(&store), cfg);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr: SocketAddr = listener.local_addr().expect("addr");
         let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await;
+            let _ = axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await;
         });
         Dashboard {
             url: format!("http://{addr}"),
             store,
-            seeded: Seeded { failed, pending },
+            seeded: Seeded {
+                failed,
+                pending,
+                batch,
+            },
             server,
             _dir: dir,
         }
@@ -202,7 +292,12 @@ impl Browser {
                 .await
             {
                 Ok(client) => {
-                    return Browser { client, driver, log, _profile: profile };
+                    return Browser {
+                        client,
+                        driver,
+                        log,
+                        _profile: profile,
+                    };
                 }
                 Err(e) => last_err = e.to_string(),
             }
@@ -211,23 +306,34 @@ impl Browser {
         panic!("chromedriver did not answer on port {port}: {last_err}");
     }
 
+    /// Whether the browser log holds `needle`.
+    pub fn log_contains(&self, needle: &str) -> bool {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .contains(needle)
+    }
+
     /// Lines of the browser log that report a Content-Security-Policy violation.
     pub fn csp_violations(&self) -> Vec<String> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
-            .filter(|l| l.contains("Content Security Policy") || l.contains("Content-Security-Policy"))
+            .filter(|l| {
+                l.contains("Content Security Policy") || l.contains("Content-Security-Policy")
+            })
             .map(str::to_owned)
             .collect()
     }
 
-    /// Saves a PNG screenshot to `target/e2e-shots/<name>.png` (and to `docs/screenshots/`
-    /// with `DOCKHAND_UPDATE_SCREENSHOTS=1`).
+    /// Saves a PNG screenshot to `target/e2e-shots/<name>.png`, and, for the shots the README
+    /// shows ([`DOCS_SHOTS`]), to `docs/screenshots/` with `DOCKHAND_UPDATE_SCREENSHOTS=1`.
     pub async fn shot(&self, name: &str) {
         let png = self.client.screenshot().await.expect("screenshot");
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let mut dirs = vec![root.join("target/e2e-shots")];
-        if std::env::var("DOCKHAND_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1") {
+        if DOCS_SHOTS.contains(&name)
+            && std::env::var("DOCKHAND_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1")
+        {
             dirs.push(root.join("docs/screenshots"));
         }
         for dir in dirs {

@@ -123,6 +123,16 @@ async fn serve(url: &str, a: &UiArgs, out: Output) -> Result<(), CliError> {
     let base = cfg.base()?;
     let access = cfg.access;
     let store = crate::store::connect(url).await?;
+    let version = store.schema_version().await?;
+    if version < crate::ui::SCHEMA_VERSION {
+        store.close().await;
+        return Err(CliError::Failed(format!(
+            "the database schema is at migration {version}; the dashboard needs {} (its list \
+             indexes): run `dockhand migrate` first (on PostgreSQL with large tables you may \
+             pre-create the indexes CONCURRENTLY, see migrations/postgres/0005)",
+            crate::ui::SCHEMA_VERSION
+        )));
+    }
     let ui = crate::ui::try_router(Arc::clone(&store), cfg)?;
     let app = if base.is_empty() {
         ui

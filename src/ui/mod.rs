@@ -43,6 +43,10 @@ mod router;
 
 pub use router::{router, try_router};
 
+/// The schema migration the dashboard's queries need (0005: one index per list order);
+/// `dockhand ui` refuses to serve an older database rather than scan it.
+pub const SCHEMA_VERSION: i64 = 5;
+
 use crate::clock::{Clock, SystemClock};
 use crate::jobs::api::Jobs;
 use std::sync::Arc;

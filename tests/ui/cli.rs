@@ -67,3 +67,28 @@ fn options_give_the_documented_access() {
         "{shown}"
     );
 }
+
+#[tokio::test]
+async fn an_unmigrated_database_is_refused_before_listening() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite:{}", dir.path().join("fresh.db").display());
+    // Port 9 (discard) on loopback: the check must fail before any bind is tried.
+    let cli = Cli::try_parse_from([
+        "dockhand",
+        "--database-url",
+        &url,
+        "ui",
+        "--bind",
+        "127.0.0.1:9",
+    ])
+    .expect("parse");
+    let e = dockhand::cli::run(cli)
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("migration 0") && e.contains("needs 5") && e.contains("dockhand migrate"),
+        "{e}"
+    );
+}

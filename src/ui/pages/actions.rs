@@ -190,7 +190,7 @@ fn table_row(ctx: &Ctx, r: &ActionSummary, search: &ActionSearch, op: bool) -> M
                 }
             }
             td { code.clip { (r.args_head) } }
-            td { span.clip.error { (r.error_head.as_deref().unwrap_or("")) } }
+            td { span.clip.err { (r.error_head.as_deref().unwrap_or("")) } }
         }
     }
 }

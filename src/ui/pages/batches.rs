@@ -113,7 +113,7 @@ async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Re
         h1 { "Batch " (id) " " (job_status(job.status)) }
         (layout::notice(ctx, notice, None))
         p { (progress(&b)) }
-        dl.facts {
+        dl.fields {
             dt { "pipeline" } dd { a href=(ctx.href(&format!("/jobs/{id}"))) { code { (job.pipeline) } } }
             dt { "items" } dd { (layout::count(b.items_total)) " in chunks of " (b.chunk_size) " (child step " (b.child_step) ")" }
             dt { "children" } dd { (layout::count(b.children_total)) " created, " (layout::count(b.children_terminal)) " finished" }

@@ -217,7 +217,7 @@ async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Re
     Ok(html! {
         h1 { "Job " (id) " " (job_status(job.status)) }
         (layout::notice(ctx, notice, None))
-        dl.facts {
+        dl.fields {
             dt { "pipeline" } dd { code { (job.pipeline) } }
             dt { "reason" } dd { (job.reason.as_deref().unwrap_or("—")) }
             dt { "created" } dd { (layout::time_rel(ctx, job.created_at)) }
@@ -280,7 +280,7 @@ fn action_table(ctx: &Ctx, actions: &[ActionSummary]) -> Markup {
                         td { (layout::status(a.status)) }
                         td.num { (a.attempt) "/" (a.max_attempts) }
                         td { (layout::time_rel(ctx, a.scheduled_at)) }
-                        td { span.clip.error { (a.error_head.as_deref().unwrap_or("")) } }
+                        td { span.clip.err { (a.error_head.as_deref().unwrap_or("")) } }
                     }
                 }
                 @if actions.is_empty() { tr { td colspan="6" .muted { "None." } } }
