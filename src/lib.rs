@@ -40,6 +40,7 @@ pub mod chaos;
 pub mod claims;
 pub mod cli;
 pub mod clock;
+mod cron_dow;
 pub mod error;
 pub mod failpoint;
 pub mod handler;

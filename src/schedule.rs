@@ -149,12 +149,28 @@ impl Recurrence {
     }
 }
 
-/// Parses a 5-field (minute precision) or 6-field (with seconds) cron expression.
+/// Parses a 5-field (minute precision) or 6-field (with seconds) cron expression. The day of
+/// week follows Unix cron (0 and 7 = Sunday, `1-5` = Monday to Friday), not the `cron`
+/// crate's numbering (1 = Sunday); see `cron_dow`.
 pub fn parse_cron(expr: &str) -> Result<cron::Schedule> {
     let fields = expr.split_whitespace().count();
+    let parts: Vec<&str> = expr.split_whitespace().collect();
+    // The day of week is read as Unix cron reads it (1-5 = Monday to Friday): see cron_dow.
+    let dow = |i: usize| {
+        parts
+            .get(i)
+            .map(|f| crate::cron_dow::translate(f))
+            .transpose()
+            .map_err(|e| match e {
+                Error::InvalidInput { field, message } => {
+                    Error::invalid(field, format!("`{expr}`: {message}"))
+                }
+                other => other,
+            })
+    };
     let full = match fields {
-        5 => format!("0 {}", expr.trim()),
-        6 => expr.trim().to_string(),
+        5 => format!("0 {} {}", parts[..4].join(" "), dow(4)?.unwrap_or_default()),
+        6 => format!("{} {}", parts[..5].join(" "), dow(5)?.unwrap_or_default()),
         n => {
             return Err(Error::invalid(
                 "cron",
@@ -381,6 +397,37 @@ pub fn recurrence_columns(
 
 #[cfg(test)]
 mod tests {
+    use chrono::{Datelike, Weekday};
+
+    #[test]
+    fn weekday_crons_run_monday_to_friday_as_in_unix_cron() {
+        // Sunday 2026-03-29 10:00 UTC; `1-5` must give Mon..Fri, `0` and `7` Sunday.
+        let sunday = Utc.with_ymd_and_hms(2026, 3, 29, 10, 0, 0).unwrap();
+        let days = |expr: &str, n| -> Vec<Weekday> {
+            Recurrence::cron(expr, "UTC")
+                .unwrap()
+                .upcoming(sunday, n)
+                .unwrap()
+                .iter()
+                .map(|t| t.weekday())
+                .collect()
+        };
+        use Weekday::*;
+        assert_eq!(days("0 9 * * 1-5", 5), vec![Mon, Tue, Wed, Thu, Fri]);
+        assert_eq!(days("0 9 * * MON-FRI", 5), vec![Mon, Tue, Wed, Thu, Fri]);
+        assert_eq!(days("0 9 * * 0", 2), vec![Sun, Sun]);
+        assert_eq!(days("0 9 * * 7", 1), vec![Sun]);
+        assert_eq!(
+            days("30 0 9 * * 6", 1),
+            vec![Sat],
+            "six fields: seconds first"
+        );
+        assert!(Recurrence::cron("0 9 * * 8", "UTC")
+            .unwrap_err()
+            .to_string()
+            .contains("day-of-week"));
+    }
+
     use super::*;
     use chrono::TimeZone;
 
