@@ -426,6 +426,16 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("day-of-week"));
+        // Day of month and day of week both restricted: a day must match both (the cron
+        // crate's rule; Unix cron would take either). 2026-06-01 is the next Monday the 1st.
+        let both = Recurrence::cron("0 9 1 * MON", "UTC")
+            .unwrap()
+            .upcoming(sunday, 1)
+            .unwrap();
+        assert_eq!(
+            both,
+            vec![Utc.with_ymd_and_hms(2026, 6, 1, 9, 0, 0).unwrap()]
+        );
     }
 
     use super::*;

@@ -3,7 +3,7 @@
 
 use crate::support::{Fixture, Session};
 use axum::http::StatusCode;
-use dockhand::ui::Access;
+use dockhand::ui::{Access, UiConfig};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
@@ -188,9 +188,23 @@ impl Write for Captured {
 
 #[tokio::test(flavor = "current_thread")]
 async fn every_operator_post_writes_an_audit_event() {
+    use base64::Engine as _;
     let f = Fixture::new().await;
-    let app = f.app(f.config(Access::Operator));
-    let s = Session::open(&app, "/schedules", &[]).await;
+    // A user name no other test uses: the capture is the process-wide subscriber (a
+    // thread-local one loses events to callsite-interest caching when other test threads hit
+    // the audit callsite first), so this test keeps only its own lines.
+    let user = "audit-probe-7f3a";
+    let cfg = UiConfig {
+        basic_auth: Some((user.into(), "pw".into())),
+        ..f.config(Access::Operator)
+    };
+    let app = f.app(cfg);
+    let auth = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:pw"))
+    );
+    let hdr = [("authorization", auth.as_str())];
+    let s = Session::open(&app, "/schedules", &hdr).await;
     let out = Captured::default();
     let writer = out.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -200,24 +214,28 @@ async fn every_operator_post_writes_an_audit_event() {
             dockhand::telemetry::UI_AUDIT_TARGET,
         ))
         .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-    s.post(&app, &format!("/actions/{}/cancel", f.seeded.pending), &[])
+    tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+    s.post(&app, &format!("/actions/{}/cancel", f.seeded.pending), &hdr)
         .await;
-    s.post(&app, &format!("/schedules/{}/disable", f.seeded.every), &[])
+    s.post(
+        &app,
+        &format!("/schedules/{}/disable", f.seeded.every),
+        &hdr,
+    )
+    .await;
+    s.post(&app, &format!("/actions/{}/retry", f.seeded.pending), &hdr)
         .await;
-    s.post(&app, &format!("/actions/{}/retry", f.seeded.pending), &[])
-        .await;
-    drop(_guard);
     let text =
         String::from_utf8_lossy(&out.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
-    let lines: Vec<&str> = text.lines().collect();
+    let mine = format!("user={user}");
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(&mine)).collect();
     assert_eq!(lines.len(), 3, "{text}");
     assert!(
         lines[0].contains("dockhand::ui::audit") && lines[0].contains("op=\"cancel\""),
         "{text}"
     );
     assert!(
-        lines[0].contains("user=anonymous") && lines[0].contains("access=\"operator\""),
+        lines[0].contains(&mine) && lines[0].contains("access=\"operator\""),
         "{text}"
     );
     assert!(

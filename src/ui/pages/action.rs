@@ -2,8 +2,8 @@
 //! document at `/actions/{id}/args.json`), the attempts read from the log, and the log.
 //! Operators get retry (failed or canceled) and cancel (pending or running) buttons.
 //!
-//! Data today: `Store::get` + `Store::logs`; plan commit 6 swaps `logs` for the bounded
-//! `logs_tail(id, 1000)`.
+//! Data: `Store::get` + `Store::logs_tail(id, LOG_TAIL)` (a snoozing action can log 10^5
+//! entries; the page shows the latest ones, so the first attempts may be cut).
 
 use super::layout::{self, Nav, Notice};
 use super::MsgQuery;
@@ -57,13 +57,15 @@ pub(crate) async fn args_json(
     ctx.respond(result)
 }
 
-/// `POST /actions/{id}/retry`: `Store::retry` (failed or canceled → pending, attempts reset).
+/// `POST /actions/{id}/retry`: `Store::retry_many` with this one id (failed or canceled →
+/// pending, attempts reset; the log names the operator).
 pub(crate) async fn retry(State(st): State<AppState>, ctx: Ctx, Path(id): Path<i64>) -> Response {
     let result = act(&st, &ctx, id, Op::Retry).await;
     ctx.respond(result)
 }
 
-/// `POST /actions/{id}/cancel`: `Store::cancel` (pending or running → canceled).
+/// `POST /actions/{id}/cancel`: `Store::cancel_many` with this one id (pending or running →
+/// canceled; the log names the operator).
 pub(crate) async fn cancel(State(st): State<AppState>, ctx: Ctx, Path(id): Path<i64>) -> Response {
     let result = act(&st, &ctx, id, Op::Cancel).await;
     ctx.respond(result)
@@ -79,7 +81,13 @@ async fn act(st: &AppState, ctx: &Ctx, id: i64, op: Op) -> Result<Response> {
     get(st, id).await?;
     let (name, changed, notice) = match op {
         Op::Retry => {
-            let done = st.store.retry(id, ctx.now).await?;
+            let actor = format!("ui:{}", ctx.user);
+            let done = !st
+                .store
+                .retry_many(&[id], &actor, ctx.now)
+                .await?
+                .changed
+                .is_empty();
             let n = if done {
                 Notice::Retried
             } else {
@@ -88,7 +96,13 @@ async fn act(st: &AppState, ctx: &Ctx, id: i64, op: Op) -> Result<Response> {
             ("retry", done, n)
         }
         Op::Cancel => {
-            let done = st.store.cancel(id, ctx.now).await?;
+            let actor = format!("ui:{}", ctx.user);
+            let done = !st
+                .store
+                .cancel_many(&[id], &actor, ctx.now)
+                .await?
+                .changed
+                .is_empty();
             let n = if done {
                 Notice::Canceled
             } else {
@@ -105,6 +119,9 @@ async fn act(st: &AppState, ctx: &Ctx, id: i64, op: Op) -> Result<Response> {
     .await
 }
 
+/// How many of an action's latest log entries the page reads.
+const LOG_TAIL: i64 = 1000;
+
 async fn get(st: &AppState, id: i64) -> Result<Action> {
     st.store
         .get(id)
@@ -114,7 +131,7 @@ async fn get(st: &AppState, id: i64) -> Result<Action> {
 
 async fn load(st: &AppState, id: i64) -> Result<(Action, Vec<ActionLog>)> {
     let action = get(st, id).await?;
-    let logs = st.store.logs(id).await?;
+    let logs = st.store.logs_tail(id, LOG_TAIL).await?;
     Ok((action, logs))
 }
 

@@ -296,7 +296,7 @@ const NOTICES: [(Notice, &str, &str); 13] = [
     (
         Notice::NotRetried,
         "not-retried",
-        "Nothing to retry: only failed or canceled actions can be retried.",
+        "Nothing to retry: only failed or canceled actions can be retried, and not while another active action holds their unique key.",
     ),
     (
         Notice::Canceled,
