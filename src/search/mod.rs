@@ -9,7 +9,7 @@
 mod views;
 
 pub use views::{
-    ClaimPage, ClaimRow, ClaimSearch, GroupStat, IdPage, JobPage, JobSearch, ScopeStat,
+    ClaimPage, ClaimRow, ClaimSearch, GroupPause, GroupStat, IdPage, JobPage, JobSearch, ScopeStat,
 };
 
 use crate::error::{Error, Result};

@@ -183,6 +183,17 @@ pub struct GroupStat {
     pub oldest_due: Option<DateTime<Utc>>,
 }
 
+/// A paused action group: claims skip its pending actions until it is resumed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GroupPause {
+    /// The group.
+    pub group: String,
+    /// Since when.
+    pub paused_at: DateTime<Utc>,
+    /// Who paused it (`ui:<user>`, or what the caller passed).
+    pub paused_by: String,
+}
+
 /// One claim scope on the claims page.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ScopeStat {

@@ -497,6 +497,22 @@ macro_rules! delegate_store {
                     self.inner.group_overview(now, cap, max_groups)
                 )
             }
+            async fn set_group_paused(
+                &self,
+                group: &str,
+                paused: bool,
+                actor: &str,
+                now: DateTime<Utc>,
+            ) -> Result<bool> {
+                $around!(
+                    self,
+                    "set_group_paused",
+                    self.inner.set_group_paused(group, paused, actor, now)
+                )
+            }
+            async fn paused_groups(&self) -> Result<Vec<$crate::search::GroupPause>> {
+                $around!(self, "paused_groups", self.inner.paused_groups())
+            }
             async fn search_jobs(
                 &self,
                 search: &$crate::search::JobSearch,

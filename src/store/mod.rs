@@ -21,8 +21,8 @@ use crate::jobs::packets::EncodedPacket;
 use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
 use crate::schedule::{PreparedSchedule, Schedule};
 use crate::search::{
-    ActionPage, ActionSearch, ActionSummary, ClaimPage, ClaimSearch, GroupStat, JobPage, JobSearch,
-    ScopeStat,
+    ActionPage, ActionSearch, ActionSummary, ClaimPage, ClaimSearch, GroupPause, GroupStat,
+    JobPage, JobSearch, ScopeStat,
 };
 use crate::state::JobStatus;
 use async_trait::async_trait;
@@ -456,6 +456,19 @@ pub trait Store: Send + Sync + 'static {
         cap: i64,
         max_groups: i64,
     ) -> Result<Vec<GroupStat>>;
+
+    /// Pauses (`paused`) or resumes an action group, one statement: claims skip the pending
+    /// actions of a paused group; running ones finish. True when the state changed.
+    async fn set_group_paused(
+        &self,
+        group: &str,
+        paused: bool,
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool>;
+
+    /// The paused groups, by name.
+    async fn paused_groups(&self) -> Result<Vec<GroupPause>>;
 
     /// One page of jobs, newest first (keyset on id).
     async fn search_jobs(&self, search: &JobSearch) -> Result<JobPage>;

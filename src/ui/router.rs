@@ -105,6 +105,8 @@ fn routes() -> Router<AppState> {
         .route("/actions/bulk/preview", post(pages::bulk::preview))
         .route("/actions/bulk/all", post(pages::bulk::all))
         .route("/groups", get(pages::groups::page))
+        .route("/groups/pause", post(pages::groups::pause))
+        .route("/groups/resume", post(pages::groups::resume))
         .route("/jobs", get(pages::jobs::list))
         .route("/jobs/{id}", get(pages::jobs::page))
         .route("/jobs/{id}/fail", post(pages::jobs::fail))

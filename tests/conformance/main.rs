@@ -94,6 +94,7 @@ conformance!(
     ops_group_overview_counts_and_lag,
     ops_job_pages_and_a_jobs_own_actions,
     ops_claim_pages_and_scopes,
+    ops_paused_group_is_not_claimed_until_resumed,
     // The fault-point sweep (RELIABILITY.md §1)
     sweep_fault_points,
 );

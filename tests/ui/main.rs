@@ -3,6 +3,7 @@
 //! seeded through `Queue` and the store with a frozen clock. No sockets, no sleeps.
 
 mod cli;
+mod group_pause;
 mod pages;
 mod security;
 mod support;

@@ -36,10 +36,28 @@ async fn claim_on(
     conn: &mut MySqlConnection,
     req: &ClaimRequest<'_>,
 ) -> Result<Vec<ClaimedAction>> {
+    // Paused groups, read without locks first: inside the locking pick below a pause row held
+    // by another transaction would be skipped (SKIP LOCKED), and its group's actions claimed.
+    let paused: Vec<String> = sqlx::query("SELECT group_name FROM dockhand_group_pauses")
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(Error::db("claim (paused groups)"))?
+        .iter()
+        .map(|r| text(r, "group_name"))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(Error::db("claim (paused groups)"))?;
     let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
         "SELECT id FROM dockhand_actions WHERE status = 'pending' AND scheduled_at <= ",
     );
     qb.push_bind(ms(req.now));
+    if !paused.is_empty() {
+        qb.push(" AND (group_name IS NULL OR group_name NOT IN (");
+        let mut sep = qb.separated(", ");
+        for g in paused {
+            sep.push_bind(g);
+        }
+        qb.push("))");
+    }
     if let Some(hooks) = req.hooks {
         qb.push(" AND hook IN (");
         let mut sep = qb.separated(", ");

@@ -8,11 +8,11 @@
 use super::claims::{claim_from_row, CLAIM_COLUMNS};
 use super::jobs::{job_from_row, JOB_COLUMNS};
 use super::ui::{summary_columns, summary_from_row};
-use super::{from_ms, ms, opt_text, MySqlStore};
+use super::{from_ms, ms, opt_text, text, MySqlStore};
 use crate::error::{Error, Result};
 use crate::search::{
-    ActionSummary, ClaimPage, ClaimRow, ClaimSearch, GroupStat, IdPage, JobPage, JobSearch,
-    ScopeStat,
+    ActionSummary, ClaimPage, ClaimRow, ClaimSearch, GroupPause, GroupStat, IdPage, JobPage,
+    JobSearch, ScopeStat,
 };
 use crate::store::Capped;
 use chrono::{DateTime, Utc};
@@ -124,6 +124,58 @@ pub(super) async fn group_overview(
         });
     }
     Ok(out)
+}
+
+pub(super) async fn set_group_paused(
+    store: &MySqlStore,
+    group: &str,
+    paused: bool,
+    actor: &str,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let done = if paused {
+        sqlx::query(
+            "INSERT IGNORE INTO dockhand_group_pauses (group_name, paused_at, paused_by)
+             VALUES (?, ?, ?)",
+        )
+        .bind(group)
+        .bind(ms(now))
+        .bind(actor)
+        .execute(store.pool())
+        .await
+    } else {
+        sqlx::query(
+            "DELETE FROM dockhand_group_pauses
+             WHERE group_name = ? AND CAST(group_name AS BINARY) = CAST(? AS BINARY)",
+        )
+        .bind(group)
+        .bind(group)
+        .execute(store.pool())
+        .await
+    }
+    .map_err(Error::db("set group paused"))?;
+    if !paused && done.rows_affected() > 0 {
+        store.notify();
+    }
+    Ok(done.rows_affected() > 0)
+}
+
+pub(super) async fn paused_groups(store: &MySqlStore) -> Result<Vec<GroupPause>> {
+    let rows = sqlx::query(
+        "SELECT group_name, paused_at, paused_by FROM dockhand_group_pauses ORDER BY group_name",
+    )
+    .fetch_all(store.pool())
+    .await
+    .map_err(Error::db("paused groups"))?;
+    rows.iter()
+        .map(|r| {
+            Ok(GroupPause {
+                group: text(r, "group_name").map_err(Error::db("decode pause"))?,
+                paused_at: from_ms(r.try_get("paused_at").map_err(Error::db("decode pause"))?),
+                paused_by: text(r, "paused_by").map_err(Error::db("decode pause"))?,
+            })
+        })
+        .collect()
 }
 
 pub(super) async fn search_jobs(store: &MySqlStore, s: &JobSearch) -> Result<JobPage> {

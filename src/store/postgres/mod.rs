@@ -469,6 +469,20 @@ impl Store for PgStore {
         views::group_overview(self, now, cap, max_groups).await
     }
 
+    async fn set_group_paused(
+        &self,
+        group: &str,
+        paused: bool,
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        views::set_group_paused(self, group, paused, actor, now).await
+    }
+
+    async fn paused_groups(&self) -> Result<Vec<crate::search::GroupPause>> {
+        views::paused_groups(self).await
+    }
+
     async fn search_jobs(
         &self,
         search: &crate::search::JobSearch,

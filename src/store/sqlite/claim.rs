@@ -18,6 +18,8 @@ const CLAIM: &str = "UPDATE dockhand_actions
      SELECT id FROM dockhand_actions
      WHERE status = 'pending' AND scheduled_at <= ?3
        AND (?5 IS NULL OR hook IN (SELECT value FROM json_each(?5)))
+       AND (group_name IS NULL
+            OR group_name NOT IN (SELECT group_name FROM dockhand_group_pauses))
      ORDER BY priority, scheduled_at, id
      LIMIT ?4)
  RETURNING id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms,

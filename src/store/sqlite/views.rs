@@ -9,8 +9,8 @@ use super::ui::{summary_columns, summary_from_row};
 use super::{from_ms, ms, SqliteStore};
 use crate::error::{Error, Result};
 use crate::search::{
-    ActionSummary, ClaimPage, ClaimRow, ClaimSearch, GroupStat, IdPage, JobPage, JobSearch,
-    ScopeStat,
+    ActionSummary, ClaimPage, ClaimRow, ClaimSearch, GroupPause, GroupStat, IdPage, JobPage,
+    JobSearch, ScopeStat,
 };
 use crate::store::Capped;
 use chrono::{DateTime, Utc};
@@ -121,6 +121,54 @@ pub(super) async fn group_overview(
         });
     }
     Ok(out)
+}
+
+pub(super) async fn set_group_paused(
+    store: &SqliteStore,
+    group: &str,
+    paused: bool,
+    actor: &str,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let done = if paused {
+        sqlx::query(
+            "INSERT INTO dockhand_group_pauses (group_name, paused_at, paused_by) VALUES (?, ?, ?)
+             ON CONFLICT (group_name) DO NOTHING",
+        )
+        .bind(group)
+        .bind(ms(now))
+        .bind(actor)
+        .execute(&store.writer)
+        .await
+    } else {
+        sqlx::query("DELETE FROM dockhand_group_pauses WHERE group_name = ?")
+            .bind(group)
+            .execute(&store.writer)
+            .await
+    }
+    .map_err(Error::db("set group paused"))?;
+    if !paused && done.rows_affected() > 0 {
+        store.notify();
+    }
+    Ok(done.rows_affected() > 0)
+}
+
+pub(super) async fn paused_groups(store: &SqliteStore) -> Result<Vec<GroupPause>> {
+    let rows = sqlx::query(
+        "SELECT group_name, paused_at, paused_by FROM dockhand_group_pauses ORDER BY group_name",
+    )
+    .fetch_all(&store.reader)
+    .await
+    .map_err(Error::db("paused groups"))?;
+    rows.iter()
+        .map(|r| {
+            Ok(GroupPause {
+                group: r.try_get("group_name").map_err(Error::db("decode pause"))?,
+                paused_at: from_ms(r.try_get("paused_at").map_err(Error::db("decode pause"))?),
+                paused_by: r.try_get("paused_by").map_err(Error::db("decode pause"))?,
+            })
+        })
+        .collect()
 }
 
 pub(super) async fn search_jobs(store: &SqliteStore, s: &JobSearch) -> Result<JobPage> {

@@ -285,9 +285,13 @@ pub(crate) enum Notice {
     JobAlreadyFinal,
     /// A batch parent cancelled with its remaining children.
     BatchCanceled,
+    /// A group paused.
+    GroupPaused,
+    /// A group resumed.
+    GroupResumed,
 }
 
-const NOTICES: [(Notice, &str, &str); 13] = [
+const NOTICES: [(Notice, &str, &str); 15] = [
     (
         Notice::Retried,
         "retried",
@@ -341,6 +345,12 @@ const NOTICES: [(Notice, &str, &str); 13] = [
         "batch-canceled",
         "Batch cancelled: children not yet created will not be, running ones finish.",
     ),
+    (
+        Notice::GroupPaused,
+        "group-paused",
+        "Group paused: its pending actions wait; running ones finish.",
+    ),
+    (Notice::GroupResumed, "group-resumed", "Group resumed."),
 ];
 
 impl Notice {

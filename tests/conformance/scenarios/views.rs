@@ -286,3 +286,79 @@ pub async fn ops_claim_pages_and_scopes(db: TestDb) {
     assert_eq!(of_job.rows.len(), 1);
     assert_eq!(of_job.rows[0].claim.identity.item_id, "item-7");
 }
+
+pub async fn ops_paused_group_is_not_claimed_until_resumed(db: TestDb) {
+    let q = db.queue();
+    let now = db.clock.now();
+    let mail = q
+        .enqueue(ActionSpec::new("h", json!(1)).group("mail"))
+        .await
+        .unwrap();
+    let other = q
+        .enqueue(ActionSpec::new("h", json!(2)).group("mail2"))
+        .await
+        .unwrap();
+    let loose = q.enqueue(ActionSpec::new("h", json!(3))).await.unwrap();
+    assert!(db
+        .store
+        .set_group_paused("mail", true, "ui:ann", now)
+        .await
+        .unwrap());
+    assert!(
+        !db.store
+            .set_group_paused("mail", true, "ui:bob", now)
+            .await
+            .unwrap(),
+        "already paused"
+    );
+    let pauses = db.store.paused_groups().await.unwrap();
+    assert_eq!(pauses.len(), 1);
+    assert_eq!(
+        (pauses[0].group.as_str(), pauses[0].paused_by.as_str()),
+        ("mail", "ui:ann")
+    );
+    assert_eq!(pauses[0].paused_at, now);
+    let claim = |limit| {
+        let store = db.store.clone();
+        async move {
+            store
+                .claim(&ClaimRequest {
+                    owner: "w",
+                    limit,
+                    now,
+                    lease_until: now + Duration::minutes(5),
+                    hooks: None,
+                })
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|c| c.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    let mut got = claim(10).await;
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        vec![other, loose],
+        "a paused group's actions stay pending; a group named alike does not"
+    );
+    assert_eq!(
+        db.store.get(mail).await.unwrap().unwrap().status,
+        ActionStatus::Pending
+    );
+    assert!(db
+        .store
+        .set_group_paused("mail", false, "ui:ann", now)
+        .await
+        .unwrap());
+    assert!(
+        !db.store
+            .set_group_paused("mail", false, "ui:ann", now)
+            .await
+            .unwrap(),
+        "not paused"
+    );
+    assert!(db.store.paused_groups().await.unwrap().is_empty());
+    assert_eq!(claim(10).await, vec![mail]);
+}
