@@ -2,13 +2,21 @@
 //! [`DynStore`], for mounting in a host's axum application or serving with `dockhand ui`.
 //!
 //! ```no_run
-//! # async fn demo() -> dockhand::Result<()> {
+//! # async fn demo(runtime: dockhand::Runtime) -> Result<(), Box<dyn std::error::Error>> {
+//! use dockhand::store::postgres::PgStore;
 //! use dockhand::ui::{router, Access, UiConfig};
-//! // Give the dashboard its own small pool, so slow pages never hold the workers' connections.
-//! let store = dockhand::connect("sqlite:dockhand.db").await?;
+//!
+//! // Give the dashboard its own small pool, so a slow page never holds the workers' connections.
+//! let options: sqlx::postgres::PgConnectOptions = "postgres://app@db/queue".parse()?;
+//! let ui_store: dockhand::DynStore = std::sync::Arc::new(PgStore::connect_with(options, 2).await?);
 //! let app = axum::Router::new().nest(
 //!     "/queue",
-//!     router(store, UiConfig { base_path: "/queue".into(), access: Access::Operator, ..UiConfig::default() }),
+//!     router(ui_store, UiConfig {
+//!         base_path: "/queue".into(),
+//!         access: Access::Operator,     // or set an `Access` request extension in your auth layer
+//!         jobs: Some(runtime.jobs()),   // step names in the job stepper
+//!         ..UiConfig::default()
+//!     }),
 //! );
 //! # let _ = app; Ok(()) }
 //! ```

@@ -153,6 +153,9 @@ pub(crate) struct Ctx {
     pub(crate) tz: Option<Tz>,
     /// The `dh_theme` cookie.
     pub(crate) theme: Option<Theme>,
+    /// The `dh_refresh` cookie: live refresh every n seconds (0 = off); `None` = the page's
+    /// default.
+    pub(crate) refresh: Option<u32>,
     /// The request came from htmx (`HX-Request`): answer with a fragment.
     pub(crate) hx: bool,
     /// The current time, from the configured clock.
@@ -193,7 +196,11 @@ impl FromRequestParts<AppState> for Ctx {
             Some("light") => Some(Theme::Light),
             _ => None,
         };
+        let refresh = csrf::cookie_value(cookies, "dh_refresh")
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|s| *s <= 3600);
         Ok(Ctx {
+            refresh,
             base: Arc::clone(&st.base),
             access,
             csrf: csrf::token(&st.csrf_key, &cookie, &user),

@@ -5,6 +5,7 @@
 mod cli;
 mod group_pause;
 mod pages;
+mod refresh;
 mod security;
 mod support;
 mod writes;

@@ -2,7 +2,10 @@
 // - theme toggle: cookie dh_theme=dark|light, class on <html> (the server renders it too);
 // - timezone toggle: cookie dh_tz=<IANA name from Intl> or utc; the server renders times in it;
 // - keys: "/" focuses the search box, "j"/"k" move the selected table row (Enter opens its
-//   first link), "r" refreshes the main content (htmx) or reloads the page.
+//   first link), "r" refreshes the main content (htmx) or reloads the page;
+// - live refresh: the topbar selector sets cookie dh_refresh=<seconds> (0 = off; unset = the
+//   page's default, 5 s on the overview, off on lists); a tick is skipped while rows are checked,
+//   a form field has focus, or the tab is hidden.
 (function () {
   "use strict";
 
@@ -101,10 +104,37 @@
     if (t.getAttribute("data-toggle") === "tz") { toggleZone(); }
   });
 
+  var timer = null;
+
+  function busy() {
+    var main = document.getElementById("dh-main");
+    var a = document.activeElement;
+    var editing = typing(a) && !(a.hasAttribute && a.hasAttribute("data-refresh-select"));
+    return document.hidden || editing ||
+      (main && main.querySelector("input[type=checkbox]:checked"));
+  }
+
+  function startRefresh(seconds) {
+    if (timer) { window.clearInterval(timer); timer = null; }
+    if (seconds > 0) {
+      timer = window.setInterval(function () { if (!busy()) { refresh(); } }, seconds * 1000);
+    }
+  }
+
+  document.addEventListener("change", function (e) {
+    var t = e.target;
+    if (t && t.hasAttribute && t.hasAttribute("data-refresh-select")) {
+      var seconds = parseInt(t.value, 10) || 0;
+      setCookie("dh_refresh", String(seconds));
+      startRefresh(seconds);
+    }
+  });
+
   // Buttons that only work with script are hidden in the markup until it runs.
   document.addEventListener("DOMContentLoaded", function () {
-    Array.prototype.forEach.call(document.querySelectorAll("[data-toggle]"), function (b) {
-      b.hidden = false;
-    });
+    Array.prototype.forEach.call(document.querySelectorAll("[data-toggle], [data-refresh]"),
+      function (b) { b.hidden = false; });
+    var select = document.querySelector("[data-refresh-select]");
+    startRefresh(select ? parseInt(select.value, 10) || 0 : 0);
   });
 })();

@@ -77,8 +77,37 @@ fn document(ctx: &Ctx, nav: Nav, title: &str, body: Markup) -> Markup {
             (head(ctx, title))
             body hx-headers=(csrf_headers(ctx)) {
                 (topbar(ctx, nav))
-                main #(MAIN_ID) { (body) }
+                main #(MAIN_ID) data-refresh-default=(default_refresh(nav)) { (body) }
                 (footer(ctx))
+            }
+        }
+    }
+}
+
+/// The live refresh a page starts with when the `dh_refresh` cookie does not choose one: every
+/// 5 s on the overview (cached, cheap), off on the lists (large tables; a refresh would also
+/// drop checked rows).
+fn default_refresh(nav: Nav) -> u32 {
+    match nav {
+        Nav::Overview => 5,
+        _ => 0,
+    }
+}
+
+/// The choices of the refresh selector, in seconds (0 = off).
+const REFRESH_CHOICES: [u32; 5] = [0, 2, 5, 15, 60];
+
+fn refresh_select(ctx: &Ctx, nav: Nav) -> Markup {
+    let current = ctx.refresh.unwrap_or_else(|| default_refresh(nav));
+    html! {
+        label.refresh hidden data-refresh title="Reload this page's content every few seconds" {
+            "Refresh "
+            select.small data-refresh-select {
+                @for s in REFRESH_CHOICES {
+                    option value=(s) selected[s == current] {
+                        @if s == 0 { "off" } @else { (s) " s" }
+                    }
+                }
             }
         }
     }
@@ -121,6 +150,7 @@ fn topbar(ctx: &Ctx, active: Nav) -> Markup {
             }
             div.tools {
                 span.access title="Your access level" { (ctx.access.as_str()) }
+                (refresh_select(ctx, active))
                 button.small type="button" data-toggle="tz" hidden
                     title="Show times in UTC or in your browser's timezone" {
                     (if ctx.tz.is_some() { "Local time" } else { "UTC" })
