@@ -2,8 +2,11 @@
 //! (`tower::ServiceExt::oneshot`) over a real, migrated SQLite file in a temporary directory,
 //! seeded through `Queue` and the store with a frozen clock. No sockets, no sleeps.
 
+mod bulk;
 mod cli;
+mod lists;
 mod pages;
 mod security;
+mod seed;
 mod support;
 mod writes;
