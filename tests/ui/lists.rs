@@ -42,6 +42,9 @@ fn want(all: &[Action], keep: impl Fn(&Action) -> bool) -> Vec<i64> {
     ids
 }
 
+/// Which actions a filter should keep.
+type Keep = Box<dyn Fn(&Action) -> bool>;
+
 /// The row ids of one page, sorted.
 async fn ids_of(app: &Router, path: &str) -> Vec<i64> {
     let a = get(app, path, &[]).await;
@@ -95,7 +98,7 @@ async fn filters_narrow_the_rows() {
     let all = all_actions(&f).await;
     let app = app(&f, Access::ReadOnly, 500);
     let n = |a: &Action| a.args["n"].as_i64().unwrap_or(-1);
-    let cases: Vec<(&str, Box<dyn Fn(&Action) -> bool>)> = vec![
+    let cases: Vec<(&str, Keep)> = vec![
         ("hook=sms.send", Box::new(|a| a.hook == "sms.send")),
         (
             "group=mail",

@@ -3,7 +3,9 @@
 //! seeded through `Queue` and the store with a frozen clock. No sockets, no sleeps.
 
 mod bulk;
+mod claims;
 mod cli;
+mod jobs;
 mod lists;
 mod pages;
 mod security;

@@ -23,13 +23,6 @@ pub struct Many {
     pub internal: i64,
 }
 
-impl Many {
-    /// The id of the `n`th seeded action.
-    pub fn id(&self, n: usize) -> i64 {
-        self.ids[n]
-    }
-}
-
 /// 120 actions: hook `HOOKS[n % 3]`; group `mail`, `sms`, `reports` or none by `n % 4`;
 /// priority `n % 5`; args `{"n": n, "tenant": "acme" | "globex"}` (even | odd); all with one
 /// attempt. `n % 6 == 5` (all `report.build`) are due in an hour, the rest are due now. Then
