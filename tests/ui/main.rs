@@ -2,10 +2,15 @@
 //! (`tower::ServiceExt::oneshot`) over a real, migrated SQLite file in a temporary directory,
 //! seeded through `Queue` and the store with a frozen clock. No sockets, no sleeps.
 
+mod bulk;
+mod claims;
 mod cli;
 mod group_pause;
+mod jobs;
+mod lists;
 mod pages;
 mod refresh;
 mod security;
+mod seed;
 mod support;
 mod writes;

@@ -253,4 +253,126 @@ impl Session {
         headers.extend_from_slice(extra);
         post_form(app, path, &format!("_csrf={}", self.token), &headers).await
     }
+
+    /// [`Session::post`] with more form fields (`a=1&b=2`, already encoded) after the token.
+    pub async fn post_fields(
+        &self,
+        app: &Router,
+        path: &str,
+        fields: &str,
+        extra: &[(&str, &str)],
+    ) -> Answer {
+        let cookie = self.cookie_header();
+        let mut headers: Vec<(&str, &str)> = vec![
+            ("cookie", cookie.as_str()),
+            ("sec-fetch-site", "same-origin"),
+            ("origin", "null"),
+            ("host", "localhost"),
+        ];
+        headers.extend_from_slice(extra);
+        let body = format!("_csrf={}&{fields}", self.token);
+        post_form(app, path, &body, &headers).await
+    }
+}
+
+/// `&amp;` and friends back to text (the HTML attribute values maud escapes).
+pub fn unescape(s: &str) -> String {
+    s.replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+}
+
+/// The `href` of the first `<a rel="{rel}" …>` in `html`, unescaped.
+pub fn link(html: &str, rel: &str) -> Option<String> {
+    let needle = format!(r#"<a rel="{rel}" href=""#);
+    let at = html.find(&needle)? + needle.len();
+    let end = html[at..].find('"')?;
+    Some(unescape(&html[at..at + end]))
+}
+
+/// The ids of the rows of a table whose first link is `<td><a href="{prefix}{id}">`.
+pub fn row_ids(html: &str, prefix: &str) -> Vec<i64> {
+    let needle = format!(r#"<td><a href="{prefix}"#);
+    html.match_indices(&needle)
+        .filter_map(|(at, _)| {
+            let rest = &html[at + needle.len()..];
+            let end = rest.find('"')?;
+            rest[..end].parse().ok()
+        })
+        .collect()
+}
+
+/// The audit events of the whole test process: one process-wide subscriber (installed on the
+/// first call), so no event is lost to tracing's callsite-interest cache, which a thread-local
+/// subscriber suffers from when other test threads hit the audit callsite first. Each test
+/// keeps the lines of its own user ([`Captured::lines_of`], [`basic_auth`]).
+pub fn audit_capture() -> &'static Captured {
+    static CAPTURE: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+    CAPTURE.get_or_init(|| {
+        let c = Captured::default();
+        tracing::subscriber::set_global_default(c.subscriber())
+            .expect("the ui tests install the only global subscriber");
+        c
+    })
+}
+
+/// Operator credentials for `user` and the `Authorization` header value that sends them.
+pub fn basic_auth(user: &str) -> ((String, String), String) {
+    use base64::Engine as _;
+    let header = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:pw"))
+    );
+    ((user.to_string(), "pw".to_string()), header)
+}
+
+/// Collects what a `tracing` subscriber writes.
+#[derive(Clone, Default)]
+pub struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// A subscriber writing every event of the audit target, at any level, here.
+    pub fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync {
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                dockhand::telemetry::UI_AUDIT_TARGET,
+            ))
+            .finish()
+    }
+
+    /// The lines written so far by requests of `user`.
+    pub fn lines_of(&self, user: &str) -> Vec<String> {
+        let mine = format!("user={user} ");
+        self.lines()
+            .into_iter()
+            .filter(|l| l.contains(&mine))
+            .collect()
+    }
+
+    /// The lines written so far.
+    pub fn lines(&self) -> Vec<String> {
+        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
 }

@@ -1,11 +1,9 @@
 //! Operator POSTs really change the database, answer 303 to a form and a fragment to htmx, and
 //! write an audit event.
 
-use crate::support::{Fixture, Session};
+use crate::support::{audit_capture, basic_auth, Fixture, Session};
 use axum::http::StatusCode;
 use dockhand::ui::{Access, UiConfig};
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 
 #[tokio::test]
 async fn cancel_and_retry_change_the_action_and_redirect_to_it() {
@@ -169,52 +167,19 @@ async fn enable_and_disable_flip_the_schedule() {
     );
 }
 
-/// Collects what a `tracing` subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn every_operator_post_writes_an_audit_event() {
-    use base64::Engine as _;
     let f = Fixture::new().await;
-    // A user name no other test uses: the capture is the process-wide subscriber (a
-    // thread-local one loses events to callsite-interest caching when other test threads hit
-    // the audit callsite first), so this test keeps only its own lines.
+    // A user no other test uses: the capture is process-wide (see `audit_capture`).
     let user = "audit-probe-7f3a";
-    let cfg = UiConfig {
-        basic_auth: Some((user.into(), "pw".into())),
+    let (creds, auth) = basic_auth(user);
+    let app = f.app(UiConfig {
+        basic_auth: Some(creds),
         ..f.config(Access::Operator)
-    };
-    let app = f.app(cfg);
-    let auth = format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!("{user}:pw"))
-    );
+    });
     let hdr = [("authorization", auth.as_str())];
     let s = Session::open(&app, "/schedules", &hdr).await;
-    let out = Captured::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_env_filter(tracing_subscriber::EnvFilter::new(
-            dockhand::telemetry::UI_AUDIT_TARGET,
-        ))
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+    let out = audit_capture();
     s.post(&app, &format!("/actions/{}/cancel", f.seeded.pending), &hdr)
         .await;
     s.post(
@@ -225,10 +190,9 @@ async fn every_operator_post_writes_an_audit_event() {
     .await;
     s.post(&app, &format!("/actions/{}/retry", f.seeded.pending), &hdr)
         .await;
-    let text =
-        String::from_utf8_lossy(&out.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+    let lines = out.lines_of(user);
+    let text = lines.join("\n");
     let mine = format!("user={user}");
-    let lines: Vec<&str> = text.lines().filter(|l| l.contains(&mine)).collect();
     assert_eq!(lines.len(), 3, "{text}");
     assert!(
         lines[0].contains("dockhand::ui::audit") && lines[0].contains("op=\"cancel\""),

@@ -138,26 +138,31 @@ fn clear(params: &ListParams) -> String {
 
 fn table(ctx: &Ctx, params: &ListParams, search: &ActionSearch, page: &ActionPage) -> Markup {
     let op = ctx.operator();
-    html! {
-        form #bulk method="post" action=(ctx.href("/actions/bulk")) {
-            @if op {
-                input type="hidden" name="_csrf" value=(ctx.csrf);
-                input type="hidden" name="back" value=(params.href(&[]));
-                (super::bulk::selected_buttons())
-            }
-            table.rows {
-                thead { tr {
-                    @if op { th { span.sr-only { "Select" } } }
-                    th { "id" } th { "hook" } th { "group" } th { "status" } th { "prio" }
-                    th { "scheduled" } th { "attempts" } th { (time_label(search)) } th { "args" } th { "error" }
-                } }
-                tbody {
-                    @for row in &page.rows { (table_row(ctx, row, search, op)) }
-                    @if page.rows.is_empty() {
-                        tr { td colspan="11" .muted { "No actions match." } }
-                    }
+    let rows = html! {
+        table.rows {
+            thead { tr {
+                @if op { th { span.sr-only { "Select" } } }
+                th { "id" } th { "hook" } th { "group" } th { "status" } th { "prio" }
+                th { "scheduled" } th { "attempts" } th { (time_label(search)) } th { "args" } th { "error" }
+            } }
+            tbody {
+                @for row in &page.rows { (table_row(ctx, row, search, op)) }
+                @if page.rows.is_empty() {
+                    tr { td colspan="11" .muted { "No actions match." } }
                 }
             }
+        }
+    };
+    // Read-only callers get no form at all (only operators can post).
+    if !op {
+        return rows;
+    }
+    html! {
+        form #bulk method="post" action=(ctx.href("/actions/bulk")) {
+            input type="hidden" name="_csrf" value=(ctx.csrf);
+            input type="hidden" name="back" value=(params.href(&[]));
+            (super::bulk::selected_buttons())
+            (rows)
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::search::MAX_PAGE;
 use crate::store::BulkOutcome;
 use crate::ui::params::ListParams;
 use crate::ui::router::{audit_bulk, AppState, Ctx};
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::response::Response;
 use axum::Form;
 use maud::{html, Markup};
@@ -170,6 +170,18 @@ fn read_form(pairs: Vec<(String, String)>) -> Result<BulkForm> {
     // Only a path of this list may be the way back (no open redirect).
     if !back.starts_with("/actions") {
         back = params.href(&[]);
+    } else if params == ListParams::default() {
+        // The checked-rows form sends its list's filter as `back` only: the htmx answer
+        // renders that list.
+        if let Ok(uri) = back.parse::<axum::http::Uri>() {
+            if let Ok(Query(p)) = Query::<ListParams>::try_from_uri(&uri) {
+                params = ListParams {
+                    after: String::new(),
+                    before: String::new(),
+                    ..p
+                };
+            }
+        }
     }
     Ok(BulkForm {
         params,
@@ -242,13 +254,14 @@ pub(crate) async fn preview(
         let form = read_form(pairs)?;
         let search = form.params.search(1, ctx.tz)?;
         let count = st.store.count_actions(&search, st.cfg.count_cap).await?;
+        // The newest action of all, not of the filter: the filter's time range is on its
+        // sort's column (scheduled, finished…), which the id order does not keep.
         let newest = st
             .store
             .search_actions(&crate::search::ActionSearch {
                 sort: crate::search::ActionSort::IdDesc,
-                after: None,
-                before: None,
-                ..search
+                limit: 1,
+                ..crate::search::ActionSearch::default()
             })
             .await?;
         let max_id = newest.rows.first().map_or(0, |r| r.id);
@@ -306,7 +319,7 @@ pub(crate) async fn all(
             }
             seen += ids.len() as i64;
             let o = form.op.apply(&st, &ctx, &ids).await?;
-            tracing::debug!(target: crate::telemetry::UI_AUDIT_TARGET, op = form.op.as_str(), changed = o.changed.len(), skipped = o.skipped.len(), "bulk chunk");
+            tracing::debug!(target: "dockhand::ui", op = form.op.as_str(), changed = o.changed.len(), skipped = o.skipped.len(), "bulk chunk");
             total.changed.extend(o.changed);
             total.skipped.extend(o.skipped);
             match page.next {
