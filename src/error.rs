@@ -59,6 +59,16 @@ pub enum Error {
         /// What could not be decoded.
         message: String,
     },
+    /// A write on behalf of an action run was refused because the run no longer holds its
+    /// lease (the reaper expired it, or a newer attempt claimed the action): the stale run
+    /// must stop without side effects.
+    #[error("action {action_id} no longer holds lease token {token}: a newer attempt or the reaper took it")]
+    LeaseLost {
+        /// The action whose run lost its lease.
+        action_id: i64,
+        /// The fencing token the stale run presented.
+        token: i64,
+    },
 }
 
 impl Error {

@@ -18,6 +18,7 @@ use crate::jobs::engine::Engine;
 use crate::jobs::packets;
 use crate::jobs::pipeline::{Packet, Pipeline};
 use crate::jobs::Job;
+use crate::store::Lease;
 use backon::{ExponentialBuilder, Retryable};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
@@ -169,9 +170,13 @@ impl Engine {
         let now = self.clock.now();
         // Every delivery of this chunk action leases rows under one owner, so a re-delivery
         // after its predecessor died takes that predecessor's rows back at once instead of
-        // waiting out the row lease (child creation is idempotent per row, so a predecessor
-        // that was only paused cannot create a second child).
-        let owner = format!("chunk:{}", ctx.action_id);
+        // waiting out the row lease. A predecessor that was only paused is fenced out by its
+        // lease token: the store refuses its leases and settles (`LeaseLost`), and child
+        // creation is idempotent per row, so it cannot create a second child.
+        let chunk = Lease {
+            id: ctx.action_id,
+            token: ctx.token,
+        };
         if st.outcome.is_some() {
             // Aborted (schedule failure or cancel): nothing more to schedule. Rows still leased
             // by a chunk whose worker died are discarded (claims released) once their lease
@@ -181,7 +186,7 @@ impl Engine {
                 .lease_work(
                     parent,
                     i64::from(st.chunk_size),
-                    &owner,
+                    chunk,
                     now + ROW_LEASE,
                     now,
                 )
@@ -192,7 +197,7 @@ impl Engine {
                     reason: "batch stopped while the row was in flight".into(),
                 };
                 self.store
-                    .settle_work(parent, row.idx, &discard, now)
+                    .settle_work(parent, row.idx, chunk, &discard, now)
                     .await
                     .map_err(retry)?;
             }
@@ -209,7 +214,7 @@ impl Engine {
             .lease_work(
                 parent,
                 i64::from(st.chunk_size),
-                &owner,
+                chunk,
                 now + ROW_LEASE,
                 now,
             )
@@ -258,7 +263,7 @@ impl Engine {
                     "worklist row not turned into a child"
                 );
                 self.store
-                    .settle_work(parent, row.idx, &settle, self.clock.now())
+                    .settle_work(parent, row.idx, chunk, &settle, self.clock.now())
                     .await
                     .map_err(retry)?;
             }

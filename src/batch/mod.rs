@@ -37,6 +37,13 @@ pub mod reason {
     pub const ALL_CHILDREN_FAILED: &str = "all_children_failed";
 }
 
+/// The worklist `lease_owner` of the chunk action `chunk_action_id`. Every delivery of one
+/// chunk action shares it, so a re-delivery takes back the rows its dead predecessor leased;
+/// a stale delivery is kept out by the action's lease token, not by this name.
+pub fn chunk_owner(chunk_action_id: i64) -> String {
+    format!("chunk:{chunk_action_id}")
+}
+
 /// The chunk action for `parent` at `offset`: unique per (parent, offset).
 pub fn chunk_action(parent: i64, offset: i64, priority: i32, now: DateTime<Utc>) -> PreparedAction {
     PreparedAction {

@@ -350,7 +350,7 @@ macro_rules! delegate_store {
                 &self,
                 parent: i64,
                 limit: i64,
-                owner: &str,
+                chunk: Lease,
                 lease_until: DateTime<Utc>,
                 now: DateTime<Utc>,
             ) -> Result<Vec<WorkRow>> {
@@ -358,7 +358,7 @@ macro_rules! delegate_store {
                     self,
                     "lease_work",
                     self.inner
-                        .lease_work(parent, limit, owner, lease_until, now)
+                        .lease_work(parent, limit, chunk, lease_until, now)
                 )
             }
             async fn create_child(
@@ -372,13 +372,14 @@ macro_rules! delegate_store {
                 &self,
                 parent: i64,
                 idx: i32,
+                chunk: Lease,
                 settle: &RowSettle,
                 now: DateTime<Utc>,
             ) -> Result<()> {
                 $around!(
                     self,
                     "settle_work",
-                    self.inner.settle_work(parent, idx, settle, now)
+                    self.inner.settle_work(parent, idx, chunk, settle, now)
                 )
             }
             async fn fence_batch(&self, parent: i64, now: DateTime<Utc>) -> Result<FenceOutcome> {

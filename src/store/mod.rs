@@ -38,6 +38,8 @@ pub mod mysql;
 pub mod operator;
 pub mod postgres;
 pub mod sqlite;
+#[cfg(test)]
+pub(crate) mod test_lease;
 pub mod traced;
 mod types;
 
@@ -328,12 +330,16 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<()>;
 
     /// Leases up to `limit` rows of the parent that are `ready`, or `leased` with an expired
-    /// lease, in idx order: state `leased`, owner, `lease_until`.
+    /// lease or by this same chunk action (a re-delivery takes its predecessor's rows back), in
+    /// idx order: state `leased`, owner [`crate::batch::chunk_owner`]`(chunk.id)`,
+    /// `lease_until`. Fenced by the chunk action's lease: unless action `chunk.id` is `running`
+    /// with `lease_token = chunk.token`, nothing is leased and the result is
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) (a stale attempt must not take rows).
     async fn lease_work(
         &self,
         parent: i64,
         limit: i64,
-        owner: &str,
+        chunk: Lease,
         lease_until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Vec<WorkRow>>;
@@ -348,11 +354,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Settles a leased row that did not become a child (B4): back to `ready` with attempts+1,
     /// or `discarded` (error kept) with its sidecar claims released (deleted where token in
-    /// the sidecar, `job_id = parent`, status `claimed`), in one transaction.
+    /// the sidecar, `job_id = parent`, status `claimed`), in one transaction. Fenced like
+    /// [`Store::lease_work`]: a chunk action that lost its lease gets
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) and changes nothing.
     async fn settle_work(
         &self,
         parent: i64,
         idx: i32,
+        chunk: Lease,
         settle: &RowSettle,
         now: DateTime<Utc>,
     ) -> Result<()>;

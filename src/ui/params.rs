@@ -79,10 +79,8 @@ pub(crate) fn sorts_for(status: Option<ActionStatus>) -> &'static [(ActionSort, 
             (ActionSort::FinishedDesc, "latest finished"),
             (ActionSort::IdDesc, "newest"),
         ],
-        _ => &[
-            (ActionSort::IdDesc, "newest"),
-            (ActionSort::Scheduled, "scheduled time"),
-        ],
+        // The "all" tab has an index for id order only (migration 0005).
+        _ => &[(ActionSort::IdDesc, "newest")],
     }
 }
 
@@ -136,8 +134,25 @@ impl ListParams {
         let status = self.status()?;
         let sort = match text(&self.sort) {
             None => default_sort(status),
-            Some(name) => ActionSort::parse(name)
-                .ok_or_else(|| Error::invalid("sort", format!("unknown sort `{name}`")))?,
+            Some(name) => {
+                let sort = ActionSort::parse(name)
+                    .ok_or_else(|| Error::invalid("sort", format!("unknown sort `{name}`")))?;
+                let offered = sorts_for(status);
+                if !offered.iter().any(|(s, _)| *s == sort) {
+                    let names: Vec<String> = offered
+                        .iter()
+                        .map(|(s, label)| format!("`{}` ({label})", s.as_str()))
+                        .collect();
+                    return Err(Error::invalid(
+                        "sort",
+                        format!(
+                            "sort `{name}` has no index on this tab; it offers {}",
+                            names.join(", ")
+                        ),
+                    ));
+                }
+                sort
+            }
         };
         let priority = match (int("pmin", &self.pmin)?, int("pmax", &self.pmax)?) {
             (None, None) => None,
@@ -273,6 +288,8 @@ mod tests {
             ("args=3", "args_contains"),
             ("after=q.1", "cursor"),
             ("status=pending&sort=l", "sort"),
+            ("sort=s", "sort"),
+            ("status=running&sort=n", "sort"),
         ] {
             let e = p(q).search(50, None).unwrap_err().to_string();
             assert!(e.contains(field), "{q}: {e}");

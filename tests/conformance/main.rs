@@ -75,6 +75,7 @@ conformance!(
     s_b11_recover_stuck_completes_a_stranded_parent,
     regression_chunk_redelivery_takes_back_its_own_rows,
     regression_rows_held_by_a_dead_chunk_leave_a_wake_up,
+    regression_stale_chunk_run_leases_and_settles_nothing,
     transient_chunk_enqueue_error_is_retried,
     // Failure routes through the fault-injection store
     fault_bridge_fails_before_then_retry_finishes_once,

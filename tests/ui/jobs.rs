@@ -230,6 +230,10 @@ async fn batches_show_progress_and_failed_children_and_cancel_stops_scheduling()
     let failed_part = &html[html.find("Failed children").expect("section")..];
     assert_eq!(row_ids(failed_part, "/jobs/"), vec![b.children[1]]);
     assert!(failed_part.contains("child broke"));
+    assert!(
+        failed_part.contains("start the pipeline again"),
+        "how to run failed items again: {failed_part}"
+    );
     assert!(html.contains(&format!(r#"action="/batches/{}/cancel""#, b.parent)));
     // The parent's job page links its batch and says what cancel does.
     let html = get(&app, &format!("/jobs/{}", b.parent), &[]).await.text();

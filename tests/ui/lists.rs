@@ -167,6 +167,8 @@ async fn a_bad_filter_is_a_400_naming_the_field() {
         ("pmin=5&pmax=1", "priority"),
         ("sort=zz", "sort"),
         ("status=pending&sort=f", "sort"),
+        ("sort=s", "sort"),
+        ("status=running&sort=n", "sort"),
         ("after=q.1", "cursor"),
     ] {
         let a = get(&app, &format!("/actions?{query}"), &[]).await;

@@ -200,12 +200,47 @@ pub async fn batch(f: &Fixture) -> Batch {
         .await
         .expect("fan out");
     assert_eq!(r, FanOutOutcome::Created);
+    // A chunk run leases the rows (the lease fences it), then finishes and is deleted so the
+    // seeded action lists stay as the other tests count them.
+    let runner = f
+        .store
+        .enqueue(
+            &ActionSpec::new("seed.chunk", json!({}))
+                .prepare(t0())
+                .expect("prepare"),
+            t0(),
+        )
+        .await
+        .expect("enqueue");
+    let hooks = ["seed.chunk".to_string()];
+    let chunk = f
+        .store
+        .claim(&ClaimRequest {
+            owner: "w",
+            limit: 1,
+            now: t0(),
+            lease_until: t0() + Duration::minutes(1),
+            hooks: Some(&hooks),
+        })
+        .await
+        .expect("claim")
+        .first()
+        .expect("the chunk run")
+        .lease();
     let rows = f
         .store
-        .lease_work(parent, 3, "w", t0() + Duration::minutes(1), t0())
+        .lease_work(parent, 3, chunk, t0() + Duration::minutes(1), t0())
         .await
         .expect("lease");
     assert_eq!(rows.len(), 3);
+    let done = f
+        .store
+        .finish(chunk, &Finish::Complete, t0())
+        .await
+        .expect("finish");
+    assert_eq!(done, FinishResult::Applied);
+    let gone = f.store.delete_actions(&[runner.id]).await.expect("delete");
+    assert_eq!(gone.changed, vec![runner.id]);
     let mut children = Vec::new();
     for row in &rows {
         let spec = ChildSpec {

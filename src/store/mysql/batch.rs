@@ -15,10 +15,11 @@ use super::jobs::{inserted_id, text};
 use super::{enqueue::enqueue_one, ms, MySqlStore};
 use crate::action::PreparedAction;
 use crate::batch::{
-    chunk_action, ChildOutcome, ChildSpec, FanOutOutcome, RowSettle, WorkItem, WorkRow,
+    chunk_action, chunk_owner, ChildOutcome, ChildSpec, FanOutOutcome, RowSettle, WorkItem, WorkRow,
 };
 use crate::claims::Descriptor;
 use crate::error::{Error, Result};
+use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
 
@@ -194,20 +195,46 @@ pub(super) async fn schedule_chunk(
     Ok(())
 }
 
+/// Fails with [`Error::LeaseLost`] unless the chunk action still runs under `chunk`'s token.
+/// `LOCK IN SHARE MODE` (MariaDB has no `FOR SHARE`) holds the action row until the caller
+/// commits: the reaper (which skips locked rows) cannot expire the lease, and so no newer
+/// attempt can claim it, in between.
+async fn chunk_fence(conn: &mut MySqlConnection, chunk: Lease, op: &'static str) -> Result<()> {
+    let live: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM dockhand_actions
+         WHERE id = ? AND status = 'running' AND lease_token = ?
+         LOCK IN SHARE MODE",
+    )
+    .bind(chunk.id)
+    .bind(chunk.token)
+    .fetch_optional(conn)
+    .await
+    .map_err(Error::db(op))?;
+    match live {
+        Some(_) => Ok(()),
+        None => Err(Error::LeaseLost {
+            action_id: chunk.id,
+            token: chunk.token,
+        }),
+    }
+}
+
 pub(super) async fn lease_work(
     store: &MySqlStore,
     parent: i64,
     limit: i64,
-    owner: &str,
+    chunk: Lease,
     lease_until: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<Vec<WorkRow>> {
-    if limit <= 0 {
-        return Ok(Vec::new());
-    }
     let op = "lease_work";
+    let owner = &chunk_owner(chunk.id);
     let rows = retry_deadlocks(op, move || async move {
         let mut tx = store.begin(op).await?;
+        chunk_fence(&mut tx, chunk, op).await?;
+        if limit <= 0 {
+            return Ok(Vec::new());
+        }
         let picked: Vec<i32> = sqlx::query_scalar(
             "SELECT idx FROM dockhand_worklist
              WHERE parent_id = ?
@@ -423,11 +450,13 @@ pub(super) async fn settle_work(
     store: &MySqlStore,
     parent: i64,
     idx: i32,
+    chunk: Lease,
     settle: &RowSettle,
 ) -> Result<()> {
     let op = "settle_work";
     retry_deadlocks(op, move || async move {
         let mut tx = store.begin(op).await?;
+        chunk_fence(&mut tx, chunk, op).await?;
         let row = sqlx::query(
             "SELECT state, attempts FROM dockhand_worklist WHERE parent_id = ? AND idx = ?
              FOR UPDATE",

@@ -12,6 +12,7 @@ use crate::claims::{
 };
 use crate::jobs::{BridgeOutcome, NewJob, StepAction};
 use crate::state::JobStatus;
+use crate::store::test_lease::running_lease;
 use crate::store::Store;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use serde_json::json;
@@ -288,13 +289,16 @@ async fn concurrent_leases_take_disjoint_rows() {
     };
     let parent = parent_with_worklist(&store, 40).await;
     let until = t0() + Duration::minutes(5);
-    let tasks: Vec<_> = (0..8)
-        .map(|w| {
+    // Eight chunk runs, each with its own action lease, lease at once.
+    let mut runs = Vec::new();
+    for w in 0..8 {
+        runs.push(running_lease(&*store, &format!("w{w}"), t0()).await);
+    }
+    let tasks: Vec<_> = runs
+        .into_iter()
+        .map(|run| {
             let store = store.clone();
-            tokio::spawn(async move {
-                let owner = format!("w{w}");
-                store.lease_work(parent, 5, &owner, until, t0()).await
-            })
+            tokio::spawn(async move { store.lease_work(parent, 5, run, until, t0()).await })
         })
         .collect();
     let mut seen = HashSet::new();

@@ -14,10 +14,13 @@ mod end;
 pub(super) use end::{abort_batch, batch_state, cleanup_worklist, fence_batch, settle_work};
 
 use super::{enqueue::enqueue_one, ts, PgStore};
-use crate::batch::{chunk_action, ChildOutcome, ChildSpec, FanOutOutcome, WorkItem, WorkRow};
+use crate::batch::{
+    chunk_action, chunk_owner, ChildOutcome, ChildSpec, FanOutOutcome, WorkItem, WorkRow,
+};
 use crate::claims::Descriptor;
 use crate::error::{Error, Result};
 use crate::state::JobStatus;
+use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -173,15 +176,45 @@ pub(super) async fn schedule_chunk(
     Ok(())
 }
 
+/// Fails with [`Error::LeaseLost`] unless the chunk action still runs under `chunk`'s token.
+/// `FOR SHARE` holds the action row until the caller commits: the reaper (which skips locked
+/// rows) cannot expire the lease, and so no newer attempt can claim it, in between.
+pub(super) async fn chunk_fence(
+    conn: &mut PgConnection,
+    chunk: Lease,
+    op: &'static str,
+) -> Result<()> {
+    let live: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM dockhand_actions
+         WHERE id = $1 AND status = 'running' AND lease_token = $2
+         FOR SHARE",
+    )
+    .bind(chunk.id)
+    .bind(chunk.token)
+    .fetch_optional(conn)
+    .await
+    .map_err(Error::db(op))?;
+    match live {
+        Some(_) => Ok(()),
+        None => Err(Error::LeaseLost {
+            action_id: chunk.id,
+            token: chunk.token,
+        }),
+    }
+}
+
 /// Leases ready (or lease-expired) rows in idx order; see [`crate::Store::lease_work`].
 pub(super) async fn lease_work(
     store: &PgStore,
     parent: i64,
     limit: i64,
-    owner: &str,
+    chunk: Lease,
     lease_until: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<Vec<WorkRow>> {
+    let op = "lease_work";
+    let mut tx = store.begin(op).await?;
+    chunk_fence(&mut tx, chunk, op).await?;
     if limit <= 0 {
         return Ok(Vec::new());
     }
@@ -200,12 +233,13 @@ pub(super) async fn lease_work(
     )
     .bind(parent)
     .bind(limit)
-    .bind(owner)
+    .bind(chunk_owner(chunk.id))
     .bind(ts(lease_until))
     .bind(ts(now))
-    .fetch_all(&store.pool)
+    .fetch_all(&mut *tx)
     .await
-    .map_err(Error::db("lease_work"))?;
+    .map_err(Error::db(op))?;
+    tx.commit().await.map_err(Error::db(op))?;
     let mut rows = rows.iter().map(work_row).collect::<Result<Vec<_>>>()?;
     rows.sort_by_key(|r| r.idx);
     Ok(rows)

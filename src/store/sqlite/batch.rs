@@ -12,10 +12,11 @@ use super::fence::{job_status, release_sql};
 use super::{enqueue::enqueue_one, ms, SqliteStore};
 use crate::action::PreparedAction;
 use crate::batch::{
-    chunk_action, ChildOutcome, ChildSpec, FanOutOutcome, RowSettle, WorkItem, WorkRow,
+    chunk_action, chunk_owner, ChildOutcome, ChildSpec, FanOutOutcome, RowSettle, WorkItem, WorkRow,
 };
 use crate::claims::Descriptor;
 use crate::error::{Error, Result};
+use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
 
@@ -34,6 +35,27 @@ const LEASE: &str = "UPDATE dockhand_worklist
      ORDER BY idx
      LIMIT ?5)
  RETURNING parent_id, idx, payload_ref, sidecar, attempts";
+
+/// Fails with [`Error::LeaseLost`] unless the chunk action still runs under `chunk`'s token.
+/// Read inside the caller's `BEGIN IMMEDIATE` transaction: the reaper and the claim are
+/// writers too, so the lease cannot change before the caller commits.
+async fn chunk_fence(conn: &mut SqliteConnection, chunk: Lease, op: &'static str) -> Result<()> {
+    let live: Option<i64> = sqlx::query_scalar(
+        "SELECT 1 FROM dockhand_actions WHERE id = ? AND status = 'running' AND lease_token = ?",
+    )
+    .bind(chunk.id)
+    .bind(chunk.token)
+    .fetch_optional(conn)
+    .await
+    .map_err(Error::db(op))?;
+    match live {
+        Some(_) => Ok(()),
+        None => Err(Error::LeaseLost {
+            action_id: chunk.id,
+            token: chunk.token,
+        }),
+    }
+}
 
 fn no_row(parent: i64, idx: i32) -> Error {
     Error::invalid("idx", format!("job {parent} has no worklist row {idx}"))
@@ -181,17 +203,22 @@ pub(super) async fn lease_work(
     store: &SqliteStore,
     parent: i64,
     limit: i64,
-    owner: &str,
+    chunk: Lease,
     lease_until: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<Vec<WorkRow>> {
+    let mut tx = store.begin_write("lease_work").await?;
+    if let Err(e) = chunk_fence(&mut tx, chunk, "lease_work").await {
+        tx.rollback().await.map_err(Error::db("lease_work"))?;
+        return Err(e);
+    }
     if limit <= 0 {
+        tx.rollback().await.map_err(Error::db("lease_work"))?;
         return Ok(Vec::new());
     }
-    let mut tx = store.begin_write("lease_work").await?;
     let rows = sqlx::query(LEASE)
         .bind(parent)
-        .bind(owner)
+        .bind(chunk_owner(chunk.id))
         .bind(ms(lease_until))
         .bind(ms(now))
         .bind(limit)
@@ -328,10 +355,15 @@ pub(super) async fn settle_work(
     store: &SqliteStore,
     parent: i64,
     idx: i32,
+    chunk: Lease,
     settle: &RowSettle,
 ) -> Result<()> {
     let op = "settle_work";
     let mut tx = store.begin_write(op).await?;
+    if let Err(e) = chunk_fence(&mut tx, chunk, op).await {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Err(e);
+    }
     let row: Option<(String, i32)> = sqlx::query_as(
         "SELECT state, attempts FROM dockhand_worklist WHERE parent_id = ? AND idx = ?",
     )

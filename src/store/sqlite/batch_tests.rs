@@ -7,6 +7,7 @@ use crate::claims::{ClaimItemRequest, ClaimOutcome, CompletionConfig, Descriptor
 use crate::error::Error;
 use crate::jobs::{NewJob, StepAction};
 use crate::state::JobStatus;
+use crate::store::test_lease::running_lease;
 use crate::store::Store;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use serde_json::json;
@@ -140,7 +141,16 @@ pub(super) async fn fan_out_creates_adopts_and_rejects() {
         }
     );
     assert_eq!(state(&store, parent).await.items_total, 3);
-    let rows = store.lease_work(parent, 10, "o", t0(), t0()).await.unwrap();
+    let rows = store
+        .lease_work(
+            parent,
+            10,
+            running_lease(&store, "o", t0()).await,
+            t0(),
+            t0(),
+        )
+        .await
+        .unwrap();
     assert_eq!(rows[1].sidecar, vec![claims[1].clone()]);
 
     let missing = store.fan_out(999, &again, 10, 2, "c", t0()).await;
@@ -181,28 +191,64 @@ pub(super) async fn lease_work_in_idx_order_and_expired_leases_come_back() {
     .await;
     let short = t0() + Duration::minutes(1);
     let long = t0() + Duration::minutes(10);
-    let a = store.lease_work(parent, 2, "a", short, t0()).await.unwrap();
+    let a = store
+        .lease_work(
+            parent,
+            2,
+            running_lease(&store, "a", t0()).await,
+            short,
+            t0(),
+        )
+        .await
+        .unwrap();
     assert_eq!(a.iter().map(|r| r.idx).collect::<Vec<_>>(), [0, 1]);
-    let b = store.lease_work(parent, 2, "b", long, t0()).await.unwrap();
+    let b = store
+        .lease_work(
+            parent,
+            2,
+            running_lease(&store, "b", t0()).await,
+            long,
+            t0(),
+        )
+        .await
+        .unwrap();
     assert_eq!(b.iter().map(|r| r.idx).collect::<Vec<_>>(), [2, 3]);
     assert_eq!(state(&store, parent).await.leased, 4);
 
     // At +2m: a's leases expired, b's hold; row 4 is still ready.
     let later = t0() + Duration::minutes(2);
     let c = store
-        .lease_work(parent, 10, "c", long, later)
+        .lease_work(
+            parent,
+            10,
+            running_lease(&store, "c", later).await,
+            long,
+            later,
+        )
         .await
         .unwrap();
     assert_eq!(c.iter().map(|r| r.idx).collect::<Vec<_>>(), [0, 1, 4]);
     assert!(c[0].sidecar_error.is_none() && c[0].sidecar.len() == 1);
     assert!(c[2].sidecar.is_empty() && c[2].sidecar_error.is_some());
     assert!(store
-        .lease_work(parent, 10, "d", long, later)
+        .lease_work(
+            parent,
+            10,
+            running_lease(&store, "d", later).await,
+            long,
+            later
+        )
         .await
         .unwrap()
         .is_empty());
     assert!(store
-        .lease_work(parent, 0, "d", long, later)
+        .lease_work(
+            parent,
+            0,
+            running_lease(&store, "d", later).await,
+            long,
+            later
+        )
         .await
         .unwrap()
         .is_empty());
@@ -213,7 +259,13 @@ pub(super) async fn create_child_hands_over_claims_once() {
     let (store, _dir) = fresh().await;
     let (parent, claims) = parent_with(&store, 2).await;
     store
-        .lease_work(parent, 10, "o", t0() + Duration::minutes(5), t0())
+        .lease_work(
+            parent,
+            10,
+            running_lease(&store, "o", t0()).await,
+            t0() + Duration::minutes(5),
+            t0(),
+        )
         .await
         .unwrap();
     let r = store
@@ -253,7 +305,16 @@ pub(super) async fn create_child_hands_over_claims_once() {
     let discard = RowSettle::Discard {
         reason: "bad".into(),
     };
-    store.settle_work(parent, 1, &discard, t0()).await.unwrap();
+    store
+        .settle_work(
+            parent,
+            1,
+            running_lease(&store, "o", t0()).await,
+            &discard,
+            t0(),
+        )
+        .await
+        .unwrap();
     assert!(store
         .create_child(&spec(parent, 1, &[]), t0())
         .await
@@ -277,26 +338,56 @@ pub(super) async fn settle_retries_up_to_the_bound_then_discards_and_releases() 
     .await;
     let until = t0() + Duration::minutes(5);
     store
-        .lease_work(parent, 10, "o", until, t0())
+        .lease_work(
+            parent,
+            10,
+            running_lease(&store, "o", t0()).await,
+            until,
+            t0(),
+        )
         .await
         .unwrap();
     let retry = RowSettle::Retry {
         error: "db busy".into(),
         max_attempts: 2,
     };
-    store.settle_work(parent, 0, &retry, t0()).await.unwrap();
+    store
+        .settle_work(
+            parent,
+            0,
+            running_lease(&store, "o", t0()).await,
+            &retry,
+            t0(),
+        )
+        .await
+        .unwrap();
     let st = state(&store, parent).await;
     assert_eq!((st.ready, st.leased), (1, 2));
     // Another chunk action (another owner): only the ready row; rows 1 and 2 stay with "o".
     let rows = store
-        .lease_work(parent, 10, "o2", until, t0())
+        .lease_work(
+            parent,
+            10,
+            running_lease(&store, "o2", t0()).await,
+            until,
+            t0(),
+        )
         .await
         .unwrap();
     assert_eq!((rows.len(), rows[0].attempts), (1, 1));
     assert_eq!(holder(&store, &claims[0]).await, Some(Some(parent)));
 
     // Second failure reaches the bound: discarded, error kept, its claim released.
-    store.settle_work(parent, 0, &retry, t0()).await.unwrap();
+    store
+        .settle_work(
+            parent,
+            0,
+            running_lease(&store, "o2", t0()).await,
+            &retry,
+            t0(),
+        )
+        .await
+        .unwrap();
     assert_eq!(holder(&store, &claims[0]).await, None);
     let (st_, error): (String, Option<String>) = sqlx::query_as(
         "SELECT state, error FROM dockhand_worklist WHERE parent_id = ? AND idx = 0",
@@ -314,13 +405,40 @@ pub(super) async fn settle_retries_up_to_the_bound_then_discards_and_releases() 
     let discard = RowSettle::Discard {
         reason: "hydration failed".into(),
     };
-    store.settle_work(parent, 1, &discard, t0()).await.unwrap();
-    store.settle_work(parent, 2, &discard, t0()).await.unwrap();
+    store
+        .settle_work(
+            parent,
+            1,
+            running_lease(&store, "o2", t0()).await,
+            &discard,
+            t0(),
+        )
+        .await
+        .unwrap();
+    store
+        .settle_work(
+            parent,
+            2,
+            running_lease(&store, "o2", t0()).await,
+            &discard,
+            t0(),
+        )
+        .await
+        .unwrap();
     assert_eq!(holder(&store, &claims[1]).await, None);
     assert_eq!(holder(&store, &claims[2]).await, Some(Some(parent)));
     let st = state(&store, parent).await;
     assert_eq!((st.discarded_rows, st.ready, st.leased), (3, 0, 0));
     // Settling a settled row changes nothing.
-    store.settle_work(parent, 1, &retry, t0()).await.unwrap();
+    store
+        .settle_work(
+            parent,
+            1,
+            running_lease(&store, "o2", t0()).await,
+            &retry,
+            t0(),
+        )
+        .await
+        .unwrap();
     assert_eq!(state(&store, parent).await.discarded_rows, 3);
 }

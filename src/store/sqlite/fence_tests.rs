@@ -4,6 +4,7 @@ use super::batch_tests::{action, fresh, holder, new_job, parent_with, spec, stat
 use crate::batch::{BatchAbort, ChildOutcome, FenceOutcome};
 use crate::claims::CompletionRegistry;
 use crate::state::JobStatus;
+use crate::store::test_lease::running_lease;
 use crate::store::Store;
 use chrono::Duration;
 
@@ -22,7 +23,10 @@ async fn fence_and_terminal_children_enqueue_finalize() {
             leased: 0
         }
     );
-    store.lease_work(a, 10, "o", until, t0()).await.unwrap();
+    store
+        .lease_work(a, 10, running_lease(&store, "o", t0()).await, until, t0())
+        .await
+        .unwrap();
     let Ok(ChildOutcome::Created(child)) = store.create_child(&spec(a, 0, &[&ca[0]]), t0()).await
     else {
         panic!("child not created")
@@ -55,7 +59,10 @@ async fn fence_and_terminal_children_enqueue_finalize() {
 
     // Fence first: the last child's terminal transaction enqueues finalize.
     let (b, _) = parent_with(&store, 2).await;
-    store.lease_work(b, 10, "o", until, t0()).await.unwrap();
+    store
+        .lease_work(b, 10, running_lease(&store, "o", t0()).await, until, t0())
+        .await
+        .unwrap();
     let mut kids = Vec::new();
     for idx in 0..2 {
         match store.create_child(&spec(b, idx, &[]), t0()).await.unwrap() {
@@ -110,7 +117,13 @@ async fn abort_discards_ready_rows_and_releases_only_their_claims() {
     let (store, _dir) = fresh().await;
     let (parent, claims) = parent_with(&store, 3).await;
     store
-        .lease_work(parent, 1, "o", t0() + Duration::minutes(5), t0())
+        .lease_work(
+            parent,
+            1,
+            running_lease(&store, "o", t0()).await,
+            t0() + Duration::minutes(5),
+            t0(),
+        )
         .await
         .unwrap();
     let st = store

@@ -379,11 +379,11 @@ impl Store for SqliteStore {
         &self,
         parent: i64,
         limit: i64,
-        owner: &str,
+        chunk: Lease,
         lease_until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<Vec<WorkRow>> {
-        batch::lease_work(self, parent, limit, owner, lease_until, now).await
+        batch::lease_work(self, parent, limit, chunk, lease_until, now).await
     }
 
     async fn create_child(&self, child: &ChildSpec, now: DateTime<Utc>) -> Result<ChildOutcome> {
@@ -394,10 +394,11 @@ impl Store for SqliteStore {
         &self,
         parent: i64,
         idx: i32,
+        chunk: Lease,
         settle: &RowSettle,
         _now: DateTime<Utc>,
     ) -> Result<()> {
-        batch::settle_work(self, parent, idx, settle).await
+        batch::settle_work(self, parent, idx, chunk, settle).await
     }
 
     async fn fence_batch(&self, parent: i64, now: DateTime<Utc>) -> Result<FenceOutcome> {

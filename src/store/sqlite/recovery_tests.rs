@@ -2,6 +2,7 @@
 
 use super::batch_tests::{claim_for, fresh, new_job, parent_with, spec, sql, t0};
 use crate::batch::RowSettle;
+use crate::store::test_lease::running_lease;
 use crate::store::{ClaimRequest, Store};
 use chrono::Duration;
 
@@ -17,7 +18,13 @@ async fn job_liveness_reports_what_drives_each_job() {
     .await;
     let (parent, _) = parent_with(&store, 1).await;
     store
-        .lease_work(parent, 10, "o", t0() + Duration::minutes(5), t0())
+        .lease_work(
+            parent,
+            10,
+            running_lease(&store, "o", t0()).await,
+            t0() + Duration::minutes(5),
+            t0(),
+        )
         .await
         .unwrap();
     store
@@ -86,7 +93,13 @@ async fn audit_finds_each_planted_violation() {
     let (parent, _) = parent_with(&store, 1).await;
     store.start_step(parent, 0, t0()).await.unwrap();
     store
-        .settle_work(parent, 0, &RowSettle::Discard { reason: "r".into() }, t0())
+        .settle_work(
+            parent,
+            0,
+            running_lease(&store, "w", t0()).await,
+            &RowSettle::Discard { reason: "r".into() },
+            t0(),
+        )
         .await
         .unwrap();
     sql(

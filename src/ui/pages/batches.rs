@@ -128,6 +128,9 @@ async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Re
             div.actions { (layout::post_button(ctx, &format!("/batches/{id}/cancel"), "Cancel remaining children", "danger")) }
         }
         h2 { "Failed children" }
+        @if b.children_failed > 0 {
+            p.hint { "A failed child is final and counted in this batch. To run its items again, start the pipeline again: items already processed are skipped by their claims, and a failed child's claims were released." }
+        }
         (job_table(ctx, &failed.rows))
         @if failed.next.is_some() {
             p { a href=(ctx.href(&format!("/jobs?status=failed&parent={id}"))) { "More…" } }

@@ -20,7 +20,7 @@ fn item(i: usize) -> Identity {
 /// What a test child step does with its item number.
 type ChildFn = fn(i64) -> Result<StepOutput, HandlerError>;
 
-fn batch_pipeline(n: usize, chunk: u32, child: ChildFn) -> Pipeline {
+pub(super) fn batch_pipeline(n: usize, chunk: u32, child: ChildFn) -> Pipeline {
     Pipeline::new("batch")
         .step("split", move |ctx| async move {
             let mut out = Vec::new();
@@ -45,15 +45,15 @@ fn batch_pipeline(n: usize, chunk: u32, child: ChildFn) -> Pipeline {
         .chunk_size(chunk)
 }
 
-fn ok_child(_: i64) -> Result<StepOutput, HandlerError> {
+pub(super) fn ok_child(_: i64) -> Result<StepOutput, HandlerError> {
     Ok(StepOutput::one(json!({})))
 }
 
-async fn runtime(db: &TestDb, store: DynStore, p: Pipeline) -> Runtime {
+pub(super) async fn runtime(db: &TestDb, store: DynStore, p: Pipeline) -> Runtime {
     db.runtime_on(store).pipeline(p).build().await.unwrap()
 }
 
-async fn actions(rt: &Runtime, hook: &str) -> Vec<dockhand::action::Action> {
+pub(super) async fn actions(rt: &Runtime, hook: &str) -> Vec<dockhand::action::Action> {
     rt.queue()
         .query(&ActionQuery {
             filter: ActionFilter {
@@ -67,7 +67,7 @@ async fn actions(rt: &Runtime, hook: &str) -> Vec<dockhand::action::Action> {
         .unwrap()
 }
 
-async fn children(rt: &Runtime, parent: i64) -> Vec<dockhand::jobs::Job> {
+pub(super) async fn children(rt: &Runtime, parent: i64) -> Vec<dockhand::jobs::Job> {
     let all = rt
         .jobs()
         .list(&dockhand::jobs::JobFilter {
@@ -81,7 +81,7 @@ async fn children(rt: &Runtime, parent: i64) -> Vec<dockhand::jobs::Job> {
         .collect()
 }
 
-async fn assert_clean(rt: &Runtime) {
+pub(super) async fn assert_clean(rt: &Runtime) {
     let v = rt.jobs().check().await.unwrap();
     assert!(v.is_empty(), "dockhand check found: {v:?}");
 }
@@ -472,96 +472,6 @@ pub async fn s_b11_recover_stuck_completes_a_stranded_parent(db: TestDb) {
     }
     assert!(real.left_alone >= 1);
     let _ = db.clock.now();
-}
-
-/// The chunk action of `parent` (the first one).
-async fn chunk_action(rt: &Runtime) -> dockhand::action::Action {
-    actions(rt, "dockhand.batch.chunk")
-        .await
-        .into_iter()
-        .next()
-        .expect("a chunk action")
-}
-
-/// Chaos-run regression (seed 1, SQLite): a chunk delivery died after leasing its rows; the
-/// re-delivery of the same chunk action must take those rows back at once, not leave them to
-/// the 5-minute row lease while it completes (which stranded the parent in `processing`).
-pub async fn regression_chunk_redelivery_takes_back_its_own_rows(db: TestDb) {
-    let rt = runtime(&db, db.store.clone(), batch_pipeline(6, 3, ok_child)).await;
-    let parent = rt.jobs().start("batch", json!({})).await.unwrap();
-    assert_eq!(rt.run_due_once().await.unwrap(), 1, "the split step");
-    let chunk = chunk_action(&rt).await;
-    // The first delivery leased rows 0..3 under the chunk action's owner, then died.
-    let now = db.clock.now();
-    let leased = db
-        .store
-        .lease_work(
-            parent,
-            3,
-            &format!("chunk:{}", chunk.id),
-            now + chrono::Duration::minutes(5),
-            now,
-        )
-        .await
-        .unwrap();
-    assert_eq!(leased.len(), 3);
-    // The re-delivery runs well inside the row lease.
-    for _ in 0..5 {
-        rt.drain(1000).await.unwrap();
-        db.clock.advance(chrono::Duration::seconds(3));
-    }
-    assert_eq!(
-        children(&rt, parent).await.len(),
-        6,
-        "every row became a child"
-    );
-    let p = rt.jobs().get(parent).await.unwrap();
-    assert_eq!(p.status, JobStatus::Completed, "the parent is not stranded");
-    assert_clean(&rt).await;
-}
-
-/// Rows held by another chunk action that died for good: the chunk action that finds them
-/// leased must stay as a wake-up (snooze) until they come free, never complete and leave the
-/// parent with nothing to move it.
-pub async fn regression_rows_held_by_a_dead_chunk_leave_a_wake_up(db: TestDb) {
-    let rt = runtime(&db, db.store.clone(), batch_pipeline(6, 3, ok_child)).await;
-    let parent = rt.jobs().start("batch", json!({})).await.unwrap();
-    assert_eq!(rt.run_due_once().await.unwrap(), 1, "the split step");
-    let now = db.clock.now();
-    db.store
-        .lease_work(
-            parent,
-            2,
-            "chunk:999999",
-            now + chrono::Duration::minutes(5),
-            now,
-        )
-        .await
-        .unwrap();
-    rt.drain(1000).await.unwrap();
-    assert_eq!(children(&rt, parent).await.len(), 4, "the free rows");
-    let pending: Vec<_> = actions(&rt, "dockhand.batch.chunk")
-        .await
-        .into_iter()
-        .filter(|a| a.status == ActionStatus::Pending)
-        .collect();
-    assert_eq!(pending.len(), 1, "a chunk action waits for the held rows");
-    assert_eq!(
-        rt.jobs().get(parent).await.unwrap().status,
-        JobStatus::Processing
-    );
-    // Past the row lease the waiting chunk takes the rows over.
-    db.clock.advance(chrono::Duration::minutes(6));
-    for _ in 0..3 {
-        rt.drain(1000).await.unwrap();
-        db.clock.advance(chrono::Duration::seconds(3));
-    }
-    assert_eq!(children(&rt, parent).await.len(), 6);
-    assert_eq!(
-        rt.jobs().get(parent).await.unwrap().status,
-        JobStatus::Completed
-    );
-    assert_clean(&rt).await;
 }
 
 /// A transient error (busy, deadlock, dropped connection) on a chunk enqueue is retried in

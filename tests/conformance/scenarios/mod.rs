@@ -1,5 +1,6 @@
 //! Scenario bodies, each an `async fn(TestDb)` run once per backend by `conformance!`.
 
+mod batch_regressions;
 mod batches;
 mod claims;
 mod clock;
@@ -14,6 +15,7 @@ mod sweep;
 mod sweep_checks;
 mod views;
 
+pub use batch_regressions::*;
 pub use batches::*;
 pub use claims::*;
 pub use clock::*;

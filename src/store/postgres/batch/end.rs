@@ -6,10 +6,11 @@
 //! The lock order is the parent module's: the parent job row, then worklist rows, then item
 //! claims.
 
-use super::{lock_parent, no_row, not_a_batch, parse_status, RELEASE_SIDECARS};
+use super::{chunk_fence, lock_parent, no_row, not_a_batch, parse_status, RELEASE_SIDECARS};
 use crate::batch::{finalize_action, BatchAbort, BatchState, FenceOutcome, RowSettle};
 use crate::error::{Error, Result};
 use crate::store::postgres::{enqueue::enqueue_one, PgStore};
+use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::{PgExecutor, Row};
 
@@ -18,11 +19,13 @@ pub(in crate::store::postgres) async fn settle_work(
     store: &PgStore,
     parent: i64,
     idx: i32,
+    chunk: Lease,
     settle: &RowSettle,
     _now: DateTime<Utc>,
 ) -> Result<()> {
     let op = "settle_work";
     let mut tx = store.begin(op).await?;
+    chunk_fence(&mut tx, chunk, op).await?;
     let row = sqlx::query(
         "SELECT state, attempts FROM dockhand_worklist WHERE parent_id = $1 AND idx = $2
          FOR UPDATE",

@@ -6,6 +6,7 @@ use super::{
 };
 use crate::batch::{ChildOutcome, FanOutOutcome, RowSettle};
 use crate::state::JobStatus;
+use crate::store::test_lease::running_lease;
 use crate::store::Store;
 use chrono::Duration;
 use std::collections::BTreeSet;
@@ -66,7 +67,13 @@ async fn fan_out_created_adopted_rejected() {
 
     // The sidecar round-trips through the worklist.
     let rows = s
-        .lease_work(p, 10, "w", now + Duration::minutes(5), now)
+        .lease_work(
+            p,
+            10,
+            running_lease(&s, "w", now).await,
+            now + Duration::minutes(5),
+            now,
+        )
         .await
         .unwrap();
     assert_eq!(rows.iter().map(|r| r.idx).collect::<Vec<_>>(), [0, 1, 2]);
@@ -100,7 +107,7 @@ async fn concurrent_leasers_get_disjoint_rows() {
     let (p, items) = parent_with_items(&s, 40).await;
     s.fan_out(p, &items, 5, 1, "c", now).await.unwrap();
     assert!(s
-        .lease_work(p, 0, "w", until, now)
+        .lease_work(p, 0, running_lease(&*s, "w", now).await, until, now)
         .await
         .unwrap()
         .is_empty());
@@ -112,7 +119,10 @@ async fn concurrent_leasers_get_disjoint_rows() {
         .execute(&mut *tx)
         .await
         .unwrap();
-    let got = s.lease_work(p, 2, "w0", until, now).await.unwrap();
+    let got = s
+        .lease_work(p, 2, running_lease(&*s, "w0", now).await, until, now)
+        .await
+        .unwrap();
     assert_eq!(got.iter().map(|r| r.idx).collect::<Vec<_>>(), [3, 4]);
     tx.rollback().await.unwrap();
 
@@ -124,7 +134,9 @@ async fn concurrent_leasers_get_disjoint_rows() {
             tokio::spawn(async move {
                 barrier.wait().await;
                 let owner = format!("w{}", i + 1);
-                s.lease_work(p, 5, &owner, until, now).await.unwrap()
+                s.lease_work(p, 5, running_lease(&*s, &owner, now).await, until, now)
+                    .await
+                    .unwrap()
             })
         })
         .collect();
@@ -136,13 +148,16 @@ async fn concurrent_leasers_get_disjoint_rows() {
     }
     assert!(seen.len() <= 38 && !seen.contains(&3) && !seen.contains(&4));
     // Whatever the race left over is still leasable; then nothing is.
-    let rest = s.lease_work(p, 100, "w9", until, now).await.unwrap();
+    let rest = s
+        .lease_work(p, 100, running_lease(&*s, "w9", now).await, until, now)
+        .await
+        .unwrap();
     for row in &rest {
         assert!(seen.insert(row.idx), "row {} leased twice", row.idx);
     }
     assert_eq!(seen.len(), 38);
     assert!(s
-        .lease_work(p, 100, "w9", until, now)
+        .lease_work(p, 100, running_lease(&*s, "w9", now).await, until, now)
         .await
         .unwrap()
         .is_empty());
@@ -157,7 +172,13 @@ async fn concurrent_leasers_get_disjoint_rows() {
     .unwrap();
     let later = until + Duration::seconds(1);
     let again = s
-        .lease_work(p, 3, "late", later + Duration::minutes(5), later)
+        .lease_work(
+            p,
+            3,
+            running_lease(&*s, "late", later).await,
+            later + Duration::minutes(5),
+            later,
+        )
         .await;
     let again = again.unwrap();
     assert_eq!(again.iter().map(|r| r.idx).collect::<Vec<_>>(), [0, 1, 2]);
@@ -175,9 +196,15 @@ async fn create_child_hands_over_claims_and_adopts_repeats() {
     let now = t0();
     let (p, items) = parent_with_items(&s, 2).await;
     s.fan_out(p, &items, 10, 1, "c", now).await.unwrap();
-    s.lease_work(p, 10, "w", now + Duration::minutes(5), now)
-        .await
-        .unwrap();
+    s.lease_work(
+        p,
+        10,
+        running_lease(&s, "w", now).await,
+        now + Duration::minutes(5),
+        now,
+    )
+    .await
+    .unwrap();
     let tokens = vec![items[0].sidecar[0].token.clone()];
     let mut rx = s.wakeups();
     rx.borrow_and_update();
@@ -259,13 +286,17 @@ async fn settle_retries_up_to_the_bound_then_discards_and_releases() {
     );
     items[1].sidecar.push(foreign.clone());
     s.fan_out(p, &items, 10, 1, "c", now).await.unwrap();
-    s.lease_work(p, 10, "w", until, now).await.unwrap();
+    s.lease_work(p, 10, running_lease(&s, "w", now).await, until, now)
+        .await
+        .unwrap();
 
     let retry = RowSettle::Retry {
         error: "db hiccup".into(),
         max_attempts: 2,
     };
-    s.settle_work(p, 0, &retry, now).await.unwrap();
+    s.settle_work(p, 0, running_lease(&s, "w", now).await, &retry, now)
+        .await
+        .unwrap();
     let row: (String, i32, Option<String>, Option<String>) = sqlx::query_as(
         "SELECT state, attempts, error, lease_owner FROM dockhand_worklist
          WHERE parent_id = $1 AND idx = 0",
@@ -277,9 +308,14 @@ async fn settle_retries_up_to_the_bound_then_discards_and_releases() {
     assert_eq!(row, ("ready".into(), 1, Some("db hiccup".into()), None));
     assert_eq!(holder(&s, &items[0].sidecar[0].identity).await, Some(p));
     // Another chunk action (another owner): only the ready row.
-    let leased = s.lease_work(p, 10, "w2", until, now).await.unwrap();
+    let leased = s
+        .lease_work(p, 10, running_lease(&s, "w2", now).await, until, now)
+        .await
+        .unwrap();
     assert_eq!((leased.len(), leased[0].attempts), (1, 1));
-    s.settle_work(p, 0, &retry, now).await.unwrap();
+    s.settle_work(p, 0, running_lease(&s, "w2", now).await, &retry, now)
+        .await
+        .unwrap();
     let row: (String, i32, Option<String>) = sqlx::query_as(
         "SELECT state, attempts, error FROM dockhand_worklist WHERE parent_id = $1 AND idx = 0",
     )
@@ -302,7 +338,9 @@ async fn settle_retries_up_to_the_bound_then_discards_and_releases() {
     let discard = RowSettle::Discard {
         reason: "hydration failed".into(),
     };
-    s.settle_work(p, 1, &discard, now).await.unwrap();
+    s.settle_work(p, 1, running_lease(&s, "w2", now).await, &discard, now)
+        .await
+        .unwrap();
     assert_eq!(holder(&s, &items[1].sidecar[0].identity).await, None);
     assert_eq!(
         holder(&s, &foreign.identity).await,
@@ -310,10 +348,15 @@ async fn settle_retries_up_to_the_bound_then_discards_and_releases() {
         "not the parent's"
     );
     // Settling a settled row does nothing; a missing row is an input error.
-    s.settle_work(p, 1, &retry, now).await.unwrap();
+    s.settle_work(p, 1, running_lease(&s, "w2", now).await, &retry, now)
+        .await
+        .unwrap();
     let st = s.batch_state(p).await.unwrap().unwrap();
     assert_eq!((st.ready, st.leased, st.discarded_rows), (0, 0, 2));
-    let e = s.settle_work(p, 7, &discard, now).await.unwrap_err();
+    let e = s
+        .settle_work(p, 7, running_lease(&s, "w2", now).await, &discard, now)
+        .await
+        .unwrap_err();
     assert_eq!(invalid(e), "idx");
     cleanup(s, &url, &schema).await;
 }

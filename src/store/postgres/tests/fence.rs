@@ -5,6 +5,7 @@ use super::{active_keys, child, cleanup, fresh, holder, invalid, new_job, parent
 use crate::batch::{BatchAbort, ChildOutcome, FenceOutcome, RowSettle};
 use crate::claims::CompletionRegistry;
 use crate::state::JobStatus;
+use crate::store::test_lease::running_lease;
 use crate::store::Store;
 use chrono::Duration;
 
@@ -24,7 +25,9 @@ async fn fence_and_the_child_counters_enqueue_finalize_once() {
     // A: fenced while both children are active; the last child's bridge enqueues finalize.
     let (a, items) = parent_with_items(&s, 2).await;
     s.fan_out(a, &items, 10, 1, "c", now).await.unwrap();
-    s.lease_work(a, 10, "w", until, now).await.unwrap();
+    s.lease_work(a, 10, running_lease(&s, "w", now).await, until, now)
+        .await
+        .unwrap();
     let out = s.fence_batch(a, now).await.unwrap();
     assert_eq!(
         out,
@@ -89,7 +92,9 @@ async fn fence_and_the_child_counters_enqueue_finalize_once() {
     let (b, items) = parent_with_items(&s, 1).await;
     s.fan_out(b, &items, 10, 1, "c", now).await.unwrap();
     let discard = RowSettle::Discard { reason: "x".into() };
-    s.settle_work(b, 0, &discard, now).await.unwrap();
+    s.settle_work(b, 0, running_lease(&s, "w", now).await, &discard, now)
+        .await
+        .unwrap();
     for _ in 0..2 {
         let out = s.fence_batch(b, now).await.unwrap();
         assert_eq!(
@@ -105,7 +110,9 @@ async fn fence_and_the_child_counters_enqueue_finalize_once() {
     // C: every child terminal before the fence (not fenced then: no finalize from the bridge).
     let (c, items) = parent_with_items(&s, 1).await;
     s.fan_out(c, &items, 10, 1, "c", now).await.unwrap();
-    s.lease_work(c, 10, "w", until, now).await.unwrap();
+    s.lease_work(c, 10, running_lease(&s, "w", now).await, until, now)
+        .await
+        .unwrap();
     let ChildOutcome::Created(k) = s.create_child(&child(c, 0, vec![]), now).await.unwrap() else {
         panic!("expected a new child");
     };
@@ -139,9 +146,15 @@ async fn abort_discards_ready_rows_and_cleanup_waits_for_final() {
         .await
         .unwrap_err();
     assert_eq!(invalid(e), "job");
-    s.lease_work(p, 1, "w", now + Duration::minutes(5), now)
-        .await
-        .unwrap();
+    s.lease_work(
+        p,
+        1,
+        running_lease(&s, "w", now).await,
+        now + Duration::minutes(5),
+        now,
+    )
+    .await
+    .unwrap();
     let st = s.abort_batch(p, BatchAbort::Cancel, now).await.unwrap();
     assert_eq!(st.outcome.as_deref(), Some("cancel_requested"));
     assert!(st.fenced);

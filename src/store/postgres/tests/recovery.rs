@@ -8,6 +8,7 @@ use super::{
 use crate::batch::{ChildOutcome, JobLiveness, RowSettle};
 use crate::claims::CompletionRegistry;
 use crate::state::JobStatus;
+use crate::store::test_lease::running_lease;
 use crate::store::{ClaimRequest, Store};
 use crate::ActionSpec;
 use chrono::Duration;
@@ -54,9 +55,15 @@ async fn job_liveness_reports_what_drives_each_job() {
     let (waiting, items) = parent_with_items(&s, 1).await;
     s.fan_out(waiting, &items, 10, 1, "c", now).await.unwrap();
     complete_actions(&s, &format!("j:{waiting}:")).await;
-    s.lease_work(waiting, 10, "w", now + Duration::minutes(5), now)
-        .await
-        .unwrap();
+    s.lease_work(
+        waiting,
+        10,
+        running_lease(&s, "w", now).await,
+        now + Duration::minutes(5),
+        now,
+    )
+    .await
+    .unwrap();
     let ChildOutcome::Created(kid) = s
         .create_child(&child(waiting, 0, vec![]), now)
         .await
@@ -121,9 +128,15 @@ async fn audit_finds_planted_violations() {
     );
     let (batch, items) = parent_with_items(&s, 1).await;
     s.fan_out(batch, &items, 10, 1, "c", now).await.unwrap();
-    s.lease_work(batch, 10, "w", now + Duration::minutes(5), now)
-        .await
-        .unwrap();
+    s.lease_work(
+        batch,
+        10,
+        running_lease(&s, "w", now).await,
+        now + Duration::minutes(5),
+        now,
+    )
+    .await
+    .unwrap();
     let token = items[0].sidecar[0].token.clone();
     let ChildOutcome::Created(kid) = s
         .create_child(&child(batch, 0, vec![token]), now)
@@ -155,7 +168,9 @@ async fn audit_finds_planted_violations() {
     s.fan_out(fenced, &items, 10, 1, "c", now).await.unwrap();
     complete_actions(&s, &format!("j:{fenced}:")).await;
     let discard = RowSettle::Discard { reason: "x".into() };
-    s.settle_work(fenced, 0, &discard, now).await.unwrap();
+    s.settle_work(fenced, 0, running_lease(&s, "w", now).await, &discard, now)
+        .await
+        .unwrap();
     s.fence_batch(fenced, now).await.unwrap();
     let fin: i64 = sqlx::query_scalar("SELECT id FROM dockhand_actions WHERE unique_key = $1")
         .bind(format!("f:{fenced}"))
