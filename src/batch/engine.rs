@@ -68,32 +68,47 @@ impl Engine {
             })
             .collect();
         let chunk_size = pipeline.chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE).max(1);
+        self.fan_out_items(job.id, &items, chunk_size, step + 1, pipeline.priority)
+            .await
+    }
+
+    /// B1 for prepared items: writes the worklist of `job_id` (children at `child_step`) and
+    /// schedules the first chunk. The contract hashes the job, child step, chunk size, every
+    /// payload ref and claim token: an exact retry adopts, a different one is refused.
+    pub(crate) async fn fan_out_items(
+        &self,
+        job_id: i64,
+        items: &[WorkItem],
+        chunk_size: i32,
+        child_step: i32,
+        priority: i32,
+    ) -> HandlerResult {
         let mut h = Sha256::new();
-        h.update(format!("{}:{}:{chunk_size}", job.id, step + 1));
-        for item in &items {
+        h.update(format!("{job_id}:{child_step}:{chunk_size}"));
+        for item in items {
             h.update(item.payload_ref.as_bytes());
             for d in &item.sidecar {
                 h.update(d.token.as_bytes());
             }
         }
         let contract = hex(&h.finalize());
+        let now = self.clock.now();
         match self
             .store
-            .fan_out(job.id, &items, chunk_size, step + 1, &contract, now)
+            .fan_out(job_id, items, chunk_size, child_step, &contract, now)
             .await
             .map_err(retry)?
         {
             FanOutOutcome::Created | FanOutOutcome::Adopted => {}
             FanOutOutcome::Rejected { existing } => {
                 return Err(HandlerError::fatal(format!(
-                "job {}: a batch with another contract ({existing}) exists; the original is kept",
-                job.id
-            )))
+                    "job {job_id}: a batch with another contract ({existing}) exists; the original is kept"
+                )))
             }
         }
-        if let Err(e) = self.schedule_chunk(job.id, 0, pipeline.priority).await {
-            tracing::warn!(job_id = job.id, error = %e, "first chunk could not be scheduled");
-            self.batch_schedule_failed(job.id).await.map_err(retry)?;
+        if let Err(e) = self.schedule_chunk(job_id, 0, priority).await {
+            tracing::warn!(job_id, error = %e, "first chunk could not be scheduled");
+            self.batch_schedule_failed(job_id).await.map_err(retry)?;
         }
         Ok(())
     }

@@ -12,6 +12,7 @@
 
 pub mod engine;
 pub mod recovery;
+pub mod rerun;
 
 use crate::action::PreparedAction;
 use crate::claims::Descriptor;
@@ -96,6 +97,28 @@ pub enum FanOutOutcome {
         /// The contract already stored.
         existing: String,
     },
+}
+
+/// A failed child of a batch, with the claim descriptors it was handed (migration 0007 keeps
+/// them on the child row): what [`crate::Jobs::rerun_failed`] re-runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedChild {
+    /// The child job.
+    pub job: crate::jobs::Job,
+    /// The descriptors of its worklist row's sidecar (empty for a child created before 0007).
+    pub sidecar: Vec<Descriptor>,
+    /// Why the stored sidecar could not be decoded, if it could not.
+    pub sidecar_error: Option<String>,
+}
+
+/// Decodes a stored cleanup sidecar (a JSON array of descriptors); `None` (no sidecar stored)
+/// is empty. An undecodable one is empty with the reason, never a store error.
+pub(crate) fn decode_sidecar(json: Option<serde_json::Value>) -> (Vec<Descriptor>, Option<String>) {
+    match json.map(serde_json::from_value::<Vec<Descriptor>>) {
+        None => (Vec::new(), None),
+        Some(Ok(d)) => (d, None),
+        Some(Err(e)) => (Vec::new(), Some(e.to_string())),
+    }
 }
 
 /// A leased worklist row.

@@ -128,8 +128,9 @@ async fn serve(url: &str, a: &UiArgs, out: Output) -> Result<(), CliError> {
         store.close().await;
         return Err(CliError::Failed(format!(
             "the database schema is at migration {version}; the dashboard needs {} (its list \
-             indexes): run `dockhand migrate` first (on PostgreSQL with large tables you may \
-             pre-create the indexes CONCURRENTLY, see migrations/postgres/0005)",
+             indexes, group pauses, batch re-runs): run `dockhand migrate` first (on \
+             PostgreSQL with large tables you may pre-create the indexes CONCURRENTLY, see \
+             migrations/postgres/0005)",
             crate::ui::SCHEMA_VERSION
         )));
     }

@@ -68,6 +68,19 @@ impl Jobs {
             .await
     }
 
+    /// Re-runs the failed children of the finished batch `parent`; returns the new job's id.
+    ///
+    /// A failed child stays final and counted in its parent. The re-run is a new batch parent
+    /// of the same pipeline: its first step claims each failed child's items again (an item
+    /// another job holds, or that was processed since, is left out) and fans the child's
+    /// input packet out to the same child step, so only what failed runs again, through the
+    /// same claims, chunks and terminal bridge. Refused (naming why) while `parent` is not
+    /// final, when it is not a batch parent, has no failed child, or its pipeline is not
+    /// registered.
+    pub async fn rerun_failed(&self, parent: i64) -> Result<i64> {
+        self.engine.start_rerun(parent).await
+    }
+
     /// One job.
     pub async fn get(&self, id: i64) -> Result<Job> {
         self.engine

@@ -134,6 +134,13 @@ impl Engine {
                 .unrunnable(job_id, format!("unknown pipeline `{}`", job.pipeline))
                 .await;
         };
+        if let Some(source) = self
+            .rerun_source(&job, step)
+            .await
+            .map_err(HandlerError::retry)?
+        {
+            return self.run_rerun(&job, source, &pipeline).await;
+        }
         let Some(def) = usize::try_from(step)
             .ok()
             .and_then(|i| pipeline.steps.get(i))

@@ -400,6 +400,18 @@ macro_rules! delegate_store {
             async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {
                 $around!(self, "batch_state", self.inner.batch_state(parent))
             }
+            async fn failed_children(
+                &self,
+                parent: i64,
+                after_id: i64,
+                limit: i64,
+            ) -> Result<Vec<FailedChild>> {
+                $around!(
+                    self,
+                    "failed_children",
+                    self.inner.failed_children(parent, after_id, limit)
+                )
+            }
             async fn cleanup_worklist(&self, parent: i64) -> Result<u64> {
                 $around!(
                     self,

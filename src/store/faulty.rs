@@ -19,8 +19,8 @@ use super::{
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
-    BatchAbort, BatchState, ChildOutcome, ChildSpec, FanOutOutcome, FenceOutcome, JobLiveness,
-    RowSettle, Violation, WorkItem, WorkRow,
+    BatchAbort, BatchState, ChildOutcome, ChildSpec, FailedChild, FanOutOutcome, FenceOutcome,
+    JobLiveness, RowSettle, Violation, WorkItem, WorkRow,
 };
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{

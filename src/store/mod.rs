@@ -8,8 +8,8 @@
 
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
-    BatchAbort, BatchState, ChildOutcome, ChildSpec, FanOutOutcome, FenceOutcome, JobLiveness,
-    RowSettle, Violation, WorkItem, WorkRow,
+    BatchAbort, BatchState, ChildOutcome, ChildSpec, FailedChild, FanOutOutcome, FenceOutcome,
+    JobLiveness, RowSettle, Violation, WorkItem, WorkRow,
 };
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
@@ -387,6 +387,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes the worklist of a parent (B8); an error while the parent is not final.
     async fn cleanup_worklist(&self, parent: i64) -> Result<u64>;
+
+    /// The children of `parent` in status `failed` with id above `after_id`, in id order, at
+    /// most `limit`, each with its stored sidecar (read-only; for `Jobs::rerun_failed`).
+    async fn failed_children(
+        &self,
+        parent: i64,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<FailedChild>>;
 
     /// Jobs in `pending`/`processing` last changed before `older_than`, with what drives them
     /// (R2, R3): an active step/chunk/finalize action (by unique key `j:{id}:…`, `b:{id}:…`,

@@ -51,9 +51,10 @@ mod router;
 
 pub use router::{router, try_router};
 
-/// The schema migration the dashboard's queries need (0005: one index per list order);
-/// `dockhand ui` refuses to serve an older database rather than scan it.
-pub const SCHEMA_VERSION: i64 = 5;
+/// The schema migration the dashboard's queries need (0005: one index per list order; 0006:
+/// group pauses; 0007: the children's sidecars a batch re-run claims again); `dockhand ui`
+/// refuses to serve an older database rather than scan it or fail page by page.
+pub const SCHEMA_VERSION: i64 = 7;
 
 use crate::clock::{Clock, SystemClock};
 use crate::jobs::api::Jobs;

@@ -114,6 +114,7 @@ fn routes() -> Router<AppState> {
         .route("/batches", get(pages::batches::list))
         .route("/batches/{id}", get(pages::batches::page))
         .route("/batches/{id}/cancel", post(pages::batches::cancel))
+        .route("/batches/{id}/rerun", post(pages::batches::rerun))
         .route("/claims", get(pages::claims::page))
         .route("/schedules", get(pages::schedules::page))
         .route("/schedules/{id}/run", post(pages::schedules::run_now))

@@ -231,7 +231,7 @@ async fn batches_show_progress_and_failed_children_and_cancel_stops_scheduling()
     assert_eq!(row_ids(failed_part, "/jobs/"), vec![b.children[1]]);
     assert!(failed_part.contains("child broke"));
     assert!(
-        failed_part.contains("start the pipeline again"),
+        failed_part.contains("starts a new batch that claims their items again"),
         "how to run failed items again: {failed_part}"
     );
     assert!(html.contains(&format!(r#"action="/batches/{}/cancel""#, b.parent)));

@@ -10,6 +10,7 @@ mod jobs;
 mod lists;
 mod pages;
 mod refresh;
+mod rerun;
 mod security;
 mod seed;
 mod support;

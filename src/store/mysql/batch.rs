@@ -390,8 +390,9 @@ async fn create_child_in(
     let done = sqlx::query(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version, parent_id,
-             child_index, created_at, updated_at)
-         VALUES (?, 'pending', ?, ?, '{}', 0, ?, ?, ?, ?)",
+             child_index, created_at, updated_at, sidecar)
+         VALUES (?, 'pending', ?, ?, '{}', 0, ?, ?, ?, ?,
+                 (SELECT sidecar FROM dockhand_worklist WHERE parent_id = ? AND idx = ?))",
     )
     .bind(&c.pipeline)
     .bind(c.step_index)
@@ -400,6 +401,8 @@ async fn create_child_in(
     .bind(idx)
     .bind(ms(now))
     .bind(ms(now))
+    .bind(parent)
+    .bind(idx)
     .execute(&mut *conn)
     .await
     .map_err(Error::db(op))?;

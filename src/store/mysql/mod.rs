@@ -47,8 +47,8 @@ use super::{
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
-    BatchAbort, BatchState, ChildOutcome, ChildSpec, FanOutOutcome, FenceOutcome, JobLiveness,
-    RowSettle, Violation, WorkItem, WorkRow,
+    BatchAbort, BatchState, ChildOutcome, ChildSpec, FailedChild, FanOutOutcome, FenceOutcome,
+    JobLiveness, RowSettle, Violation, WorkItem, WorkRow,
 };
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
@@ -409,6 +409,15 @@ impl Store for MySqlStore {
 
     async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {
         fence::batch_state(self, parent).await
+    }
+
+    async fn failed_children(
+        &self,
+        parent: i64,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<FailedChild>> {
+        fence::failed_children(self, parent, after_id, limit).await
     }
 
     async fn cleanup_worklist(&self, parent: i64) -> Result<u64> {

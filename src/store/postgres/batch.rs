@@ -11,7 +11,9 @@
 
 mod end;
 
-pub(super) use end::{abort_batch, batch_state, cleanup_worklist, fence_batch, settle_work};
+pub(super) use end::{
+    abort_batch, batch_state, cleanup_worklist, failed_children, fence_batch, settle_work,
+};
 
 use super::{enqueue::enqueue_one, ts, PgStore};
 use crate::batch::{
@@ -306,8 +308,9 @@ pub(super) async fn create_child(
     let inserted: Option<i64> = sqlx::query_scalar(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version,
-             parent_id, child_index, created_at, updated_at)
-         VALUES ($1, 'pending', $2, $3, '{}', 0, $4, $5, $6, $6)
+             parent_id, child_index, created_at, updated_at, sidecar)
+         VALUES ($1, 'pending', $2, $3, '{}', 0, $4, $5, $6, $6,
+                 (SELECT sidecar FROM dockhand_worklist WHERE parent_id = $4 AND idx = $5))
          ON CONFLICT (parent_id, child_index) WHERE parent_id IS NOT NULL DO NOTHING
          RETURNING id",
     )

@@ -42,8 +42,8 @@ use super::{
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
-    BatchAbort, BatchState, ChildOutcome, ChildSpec, FanOutOutcome, FenceOutcome, JobLiveness,
-    RowSettle, Violation, WorkItem, WorkRow,
+    BatchAbort, BatchState, ChildOutcome, ChildSpec, FailedChild, FanOutOutcome, FenceOutcome,
+    JobLiveness, RowSettle, Violation, WorkItem, WorkRow,
 };
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
@@ -439,6 +439,15 @@ impl Store for PgStore {
 
     async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {
         batch::batch_state(self, parent).await
+    }
+
+    async fn failed_children(
+        &self,
+        parent: i64,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<FailedChild>> {
+        batch::failed_children(self, parent, after_id, limit).await
     }
 
     async fn cleanup_worklist(&self, parent: i64) -> Result<u64> {

@@ -303,8 +303,9 @@ pub(super) async fn create_child(
     let child: i64 = sqlx::query_scalar(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version, parent_id,
-             child_index, created_at, updated_at)
-         VALUES (?, 'pending', ?, ?, '{}', 0, ?, ?, ?, ?)
+             child_index, created_at, updated_at, sidecar)
+         VALUES (?1, 'pending', ?2, ?3, '{}', 0, ?4, ?5, ?6, ?6,
+                 (SELECT sidecar FROM dockhand_worklist WHERE parent_id = ?4 AND idx = ?5))
          RETURNING id",
     )
     .bind(&c.pipeline)
@@ -312,7 +313,6 @@ pub(super) async fn create_child(
     .bind(refs)
     .bind(parent)
     .bind(idx)
-    .bind(ms(now))
     .bind(ms(now))
     .fetch_one(&mut *tx)
     .await

@@ -1,11 +1,14 @@
 //! SQLite: the end of a batch (B2, B3, B5, B6, B8) — the fence, aborts, the batch state read,
-//! worklist cleanup, and the parent counters each child's terminal transaction bumps
+//! worklist cleanup, a finished batch's failed children (for a re-run), and the parent counters each child's terminal transaction bumps
 //! ([`child_finished`], called by the bridge in its transaction). Also the helpers `batch`
 //! shares: releasing sidecar claims by token ([`release_sql`]) and decoding a job status.
 
 use super::batch::enqueue_due;
+use super::jobs::{job_from_row, JOB_COLUMNS};
 use super::SqliteStore;
-use crate::batch::{finalize_action, BatchAbort, BatchState, FenceOutcome};
+use crate::batch::{
+    decode_sidecar, finalize_action, BatchAbort, BatchState, FailedChild, FenceOutcome,
+};
 use crate::error::{Error, Result};
 use crate::state::JobStatus;
 use chrono::{DateTime, Utc};
@@ -288,4 +291,43 @@ pub(super) async fn child_finished(
         return Ok(false);
     }
     enqueue_due(conn, &finalize_action(parent, now), now).await
+}
+
+/// The failed children of `parent` after `after_id`; see [`crate::Store::failed_children`].
+pub(super) async fn failed_children(
+    store: &SqliteStore,
+    parent: i64,
+    after_id: i64,
+    limit: i64,
+) -> Result<Vec<FailedChild>> {
+    let rows = sqlx::query(&format!(
+        "SELECT {JOB_COLUMNS}, sidecar FROM dockhand_jobs
+         WHERE parent_id = ? AND status = 'failed' AND id > ?
+         ORDER BY id LIMIT ?"
+    ))
+    .bind(parent)
+    .bind(after_id)
+    .bind(limit.max(0))
+    .fetch_all(store.pool())
+    .await
+    .map_err(Error::db("failed_children"))?;
+    rows.iter()
+        .map(|row| {
+            let job = job_from_row(row)?;
+            let text: Option<String> = row
+                .try_get("sidecar")
+                .map_err(Error::db("decode failed child"))?;
+            let json = text.map(|t| serde_json::from_str(&t));
+            let (sidecar, sidecar_error) = match json {
+                None => decode_sidecar(None),
+                Some(Ok(v)) => decode_sidecar(Some(v)),
+                Some(Err(e)) => (Vec::new(), Some(e.to_string())),
+            };
+            Ok(FailedChild {
+                job,
+                sidecar,
+                sidecar_error,
+            })
+        })
+        .collect()
 }

@@ -1,11 +1,12 @@
 //! Batches (`/batches`, `/batches/{id}`): the jobs that fanned out, with their progress from
 //! the parent's counters (written in each child's terminal transaction, so they are never a
 //! stale cache), and a batch's page with its counters, worklist state, failed children, and an
-//! operator button to cancel the remaining children (B5).
+//! operator buttons to cancel the remaining children (B5) and, once the batch is final, to
+//! re-run its failed children as a new batch (`Jobs::rerun_failed`).
 //!
 //! Data: `Store::search_jobs` (batch parents; children by parent), `Store::batch_state`.
-//! "Retry failed children" is not offered: a failed child is final and already counted in
-//! its parent; re-running its items needs a new job per item (docs/STATUS.md).
+//! A failed child is final and counted in its parent, so "retry failed" is a re-run: a new
+//! batch parent whose children run the failed items again (`crate::batch::rerun`).
 
 use super::jobs::{filters, job_status, job_table, pager, JobParams};
 use super::layout::{self, Nav, Notice};
@@ -16,7 +17,7 @@ use crate::search::JobSearch;
 use crate::state::JobStatus;
 use crate::ui::router::{audit, AppState, Ctx};
 use axum::extract::{Path, Query, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Redirect, Response};
 use maud::{html, Markup};
 
 /// `GET /batches`.
@@ -109,6 +110,7 @@ async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Re
             ..JobSearch::default()
         })
         .await?;
+    let rerunnable = st.jobs().pipeline_steps(&job.pipeline).is_some();
     Ok(html! {
         h1 { "Batch " (id) " " (job_status(job.status)) }
         (layout::notice(ctx, notice, None))
@@ -129,7 +131,14 @@ async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Re
         }
         h2 { "Failed children" }
         @if b.children_failed > 0 {
-            p.hint { "A failed child is final and counted in this batch. To run its items again, start the pipeline again: items already processed are skipped by their claims, and a failed child's claims were released." }
+            p.hint { "A failed child is final and counted in this batch. \"Re-run failed children\" (once the batch is final) starts a new batch that claims their items again and runs them from the child step; an item another job holds, or processed since, is left out." }
+            @if job.status.is_final() && ctx.operator() {
+                @if rerunnable {
+                    div.actions { (layout::post_button(ctx, &format!("/batches/{id}/rerun"), "Re-run failed children", "primary")) }
+                } @else {
+                    p.hint { "Pipeline `" (job.pipeline) "` is not registered in this dashboard: re-run from the program that runs it (the dashboard it mounts, or Jobs::rerun_failed)." }
+                }
+            }
         }
         (job_table(ctx, &failed.rows))
         @if failed.next.is_some() {
@@ -162,6 +171,27 @@ pub(crate) async fn cancel(State(st): State<AppState>, ctx: Ctx, Path(id): Path<
             detail(&st, &ctx, id, Some(notice)).await
         })
         .await
+    }
+    .await;
+    ctx.respond(result)
+}
+
+/// `POST /batches/{id}/rerun`: `Jobs::rerun_failed` on a final batch; answers with the new
+/// job's page (303, or `HX-Redirect` for htmx).
+pub(crate) async fn rerun(State(st): State<AppState>, ctx: Ctx, Path(id): Path<i64>) -> Response {
+    let result = async {
+        let rerun = st.jobs().rerun_failed(id).await?;
+        audit(&ctx, "batch_rerun_failed", &id.to_string(), 1, 1);
+        let to = format!(
+            "{}?msg={}",
+            ctx.href(&format!("/jobs/{rerun}")),
+            Notice::RerunStarted.code()
+        );
+        Ok(if ctx.hx {
+            ([("HX-Redirect", to)], "").into_response()
+        } else {
+            Redirect::to(&to).into_response()
+        })
     }
     .await;
     ctx.respond(result)

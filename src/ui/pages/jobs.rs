@@ -213,6 +213,11 @@ async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Re
         })
         .await?;
     let batch = st.store.batch_state(id).await?;
+    let rerun_of = st
+        .store
+        .engine_data(id)
+        .await?
+        .and_then(|(data, _)| crate::batch::rerun::rerun_of(&data));
     let steps = st.jobs().pipeline_steps(&job.pipeline);
     Ok(html! {
         h1 { "Job " (id) " " (job_status(job.status)) }
@@ -225,6 +230,7 @@ async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Re
             dt { "finished" } dd { (layout::time_opt(ctx, job.finished_at)) }
             dt { "engine data version" } dd { (job.engine_version) }
             @if let Some(p) = job.parent_id { dt { "batch" } dd { a href=(ctx.href(&format!("/batches/{p}"))) { "parent job " (p) } } }
+            @if let Some(p) = rerun_of { dt { "re-run of" } dd { a href=(ctx.href(&format!("/batches/{p}"))) { "failed children of batch " (p) } } }
             @if batch.is_some() { dt { "fan-out" } dd { a href=(ctx.href(&format!("/batches/{id}"))) { "batch progress" } } }
         }
         h2 { "Steps" }

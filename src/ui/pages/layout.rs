@@ -319,9 +319,11 @@ pub(crate) enum Notice {
     GroupPaused,
     /// A group resumed.
     GroupResumed,
+    /// A re-run of a batch's failed children started (this job).
+    RerunStarted,
 }
 
-const NOTICES: [(Notice, &str, &str); 15] = [
+const NOTICES: [(Notice, &str, &str); 16] = [
     (
         Notice::Retried,
         "retried",
@@ -381,6 +383,11 @@ const NOTICES: [(Notice, &str, &str); 15] = [
         "Group paused: its pending actions wait; running ones finish.",
     ),
     (Notice::GroupResumed, "group-resumed", "Group resumed."),
+    (
+        Notice::RerunStarted,
+        "rerun-started",
+        "Re-run started: this new job claims the failed children's items again and runs them from the child step.",
+    ),
 ];
 
 impl Notice {

@@ -1,6 +1,7 @@
 //! Scenario bodies, each an `async fn(TestDb)` run once per backend by `conformance!`.
 
 mod batch_regressions;
+mod batch_rerun;
 mod batches;
 mod claims;
 mod clock;
@@ -16,6 +17,7 @@ mod sweep_checks;
 mod views;
 
 pub use batch_regressions::*;
+pub use batch_rerun::*;
 pub use batches::*;
 pub use claims::*;
 pub use clock::*;

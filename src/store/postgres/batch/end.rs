@@ -1,17 +1,21 @@
 //! PostgreSQL: the end of a batch's scheduling (B3–B6, B8) — settling leased rows that did not
 //! become children, the fence (with the finalize enqueue when every child is already terminal),
-//! aborts on a schedule failure or cancel, reading a parent's batch state, and deleting the
-//! worklist of a final parent.
+//! aborts on a schedule failure or cancel, reading a parent's batch state, deleting the
+//! worklist of a final parent, and reading its failed children (for a re-run).
 //!
 //! The lock order is the parent module's: the parent job row, then worklist rows, then item
 //! claims.
 
 use super::{chunk_fence, lock_parent, no_row, not_a_batch, parse_status, RELEASE_SIDECARS};
-use crate::batch::{finalize_action, BatchAbort, BatchState, FenceOutcome, RowSettle};
+use crate::batch::{
+    decode_sidecar, finalize_action, BatchAbort, BatchState, FailedChild, FenceOutcome, RowSettle,
+};
 use crate::error::{Error, Result};
+use crate::store::postgres::jobs::{job_from_row, COLUMNS};
 use crate::store::postgres::{enqueue::enqueue_one, PgStore};
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
+use sqlx::types::Json;
 use sqlx::{PgExecutor, Row};
 
 /// Settles a row that did not become a child; see [`crate::Store::settle_work`].
@@ -265,4 +269,38 @@ pub(in crate::store::postgres) async fn cleanup_worklist(
         .await
         .map_err(Error::db(op))?;
     Ok(done.rows_affected())
+}
+
+/// The failed children of `parent` after `after_id`; see [`crate::Store::failed_children`].
+pub(in crate::store::postgres) async fn failed_children(
+    store: &PgStore,
+    parent: i64,
+    after_id: i64,
+    limit: i64,
+) -> Result<Vec<FailedChild>> {
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS}, sidecar FROM dockhand_jobs
+         WHERE parent_id = $1 AND status = 'failed' AND id > $2
+         ORDER BY id LIMIT $3"
+    ))
+    .bind(parent)
+    .bind(after_id)
+    .bind(limit.max(0))
+    .fetch_all(&store.pool)
+    .await
+    .map_err(Error::db("failed_children"))?;
+    rows.iter()
+        .map(|row| {
+            let job = job_from_row(row)?;
+            let json: Option<Json<serde_json::Value>> = row
+                .try_get("sidecar")
+                .map_err(Error::db("decode failed child"))?;
+            let (sidecar, sidecar_error) = decode_sidecar(json.map(|Json(v)| v));
+            Ok(FailedChild {
+                job,
+                sidecar,
+                sidecar_error,
+            })
+        })
+        .collect()
 }
