@@ -49,10 +49,9 @@ pub struct Seeded {
     pub batch: i64,
 }
 
-/// Runs a real fan-out through a runtime on the same database: 20 items in chunks of 5, the
-/// items 3, 11 and 17 fail fatally. Returns the parent job once every child is final.
-async fn run_batch(url: &str) -> i64 {
-    let pipeline = Pipeline::new("import")
+/// The `import` pipeline: 20 items, items 3, 11 and 17 fail for good.
+fn import_pipeline() -> Pipeline {
+    Pipeline::new("import")
         .step("split", |_ctx: StepContext| async move {
             Ok(StepOutput::Packets(
                 (0..20).map(|i| Packet::new(json!({ "item": i }))).collect(),
@@ -68,7 +67,13 @@ async fn run_batch(url: &str) -> i64 {
             Ok(StepOutput::one(json!({ "item": item, "ok": true })))
         })
         .chunk_size(5)
-        .max_attempts(1);
+        .max_attempts(1)
+}
+
+/// Runs a real fan-out through a runtime on the same database: 20 items in chunks of 5, the
+/// items 3, 11 and 17 fail fatally. Returns the parent job once every child is final.
+async fn run_batch(url: &str) -> i64 {
+    let pipeline = import_pipeline();
     let runtime = Runtime::builder(url)
         .pipeline(pipeline)
         .concurrency(4)
@@ -194,9 +199,19 @@ impl Dashboard {
         ] {
             queue.schedule(spec).await.expect("schedule");
         }
+        // A job handle that knows the pipeline (never started): the batch page offers
+        // "Re-run failed children".
+        let jobs = Runtime::with_store(Arc::clone(&store))
+            .migrate(false)
+            .pipeline(import_pipeline())
+            .build()
+            .await
+            .expect("runtime for the job handle")
+            .jobs();
         let cfg = UiConfig {
             access: Access::Operator,
             clock: Arc::new(clock.clone()),
+            jobs: Some(jobs),
             ..UiConfig::default()
         };
         let app = router(Arc::clone(&store), cfg);

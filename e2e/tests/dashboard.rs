@@ -233,6 +233,21 @@ async fn the_dashboard_works_in_a_browser() {
     wait_text(&b, "main h1", "Batch").await;
     b.shot("batch-theme-toggled").await;
 
+    // Re-run the failed children: the button leads to the new job, which links the batch.
+    c.find(Locator::Css("form[action$=\"/rerun\"] button"))
+        .await
+        .expect("re-run button")
+        .click()
+        .await
+        .expect("re-run");
+    wait_text(&b, "main", "Re-run started").await;
+    let main = wait_text(&b, "main dl", "failed children of batch").await;
+    assert!(
+        main.contains(&d.seeded.batch.to_string()),
+        "the re-run links its batch: {main}"
+    );
+    b.shot("batch-rerun").await;
+
     // The log does carry the page's console: a probe written now must show up in it, or the
     // CSP check above would pass on an empty log.
     c.execute("console.error('dockhand-e2e-probe')", vec![])
