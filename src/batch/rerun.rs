@@ -19,13 +19,22 @@ use crate::jobs::pipeline::Pipeline;
 use crate::jobs::{Job, NewJob};
 use crate::state::JobStatus;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// The engine-data key that marks a re-run and names the batch it re-runs.
 pub const RERUN_OF: &str = "dockhand_rerun_of";
 
+/// The engine-data key a re-run batch gets: the latest job that re-runs it.
+pub const RERUN_BY: &str = "dockhand_rerun_by";
+
 /// The batch a job's engine data says it re-runs, if it is a re-run.
 pub fn rerun_of(engine_data: &Value) -> Option<i64> {
     engine_data.get(RERUN_OF).and_then(Value::as_i64)
+}
+
+/// The latest job that re-runs a batch, from the batch's engine data.
+pub fn rerun_by(engine_data: &Value) -> Option<i64> {
+    engine_data.get(RERUN_BY).and_then(Value::as_i64)
 }
 
 /// Failed children read per store call.
@@ -33,9 +42,15 @@ const PAGE: i64 = 500;
 
 impl Engine {
     /// Starts a re-run of `parent`'s failed children; returns the new job's id. Refused while
-    /// the parent is not final, when it is not a batch parent, has no failed child, or its
-    /// pipeline is not registered here.
-    pub(crate) async fn start_rerun(&self, parent: i64) -> Result<i64> {
+    /// the parent is not final, when it is not a batch parent, has no failed child, its
+    /// pipeline is not registered here, or an earlier re-run of it is not final yet (items
+    /// without claims would otherwise run twice).
+    ///
+    /// The parent's engine data records the latest re-run (`dockhand_rerun_by`), written with
+    /// a compare-and-swap after the new job is created: of two re-runs started at the same
+    /// moment, the one that loses the swap cancels its job (nothing of it has run: its step
+    /// finds the job final) and is refused.
+    pub(crate) async fn start_rerun(self: &Arc<Self>, parent: i64) -> Result<i64> {
         let job = self.store.get_job(parent).await?.ok_or(Error::NotFound {
             what: "job",
             id: parent,
@@ -70,6 +85,26 @@ impl Engine {
                 ),
             )
         })?;
+        let (data, version) = self
+            .store
+            .engine_data(parent)
+            .await?
+            .ok_or(Error::NotFound {
+                what: "job",
+                id: parent,
+            })?;
+        if let Some(prev) = rerun_by(&data) {
+            let live = self.store.get_job(prev).await?;
+            if let Some(prev_job) = live.filter(|j| !j.status.is_final()) {
+                return Err(Error::invalid(
+                    "job",
+                    format!(
+                        "batch {parent} is being re-run by job {prev} ({}): wait until it is final",
+                        prev_job.status
+                    ),
+                ));
+            }
+        }
         let id = self
             .store
             .create_job(
@@ -82,6 +117,21 @@ impl Engine {
                 self.clock.now(),
             )
             .await?;
+        let mut marked = data;
+        if let Some(map) = marked.as_object_mut() {
+            map.insert(RERUN_BY.to_string(), json!(id));
+        } else {
+            marked = json!({ RERUN_BY: id });
+        }
+        if !self.store.cas_engine_data(parent, version, &marked).await? {
+            self.jobs().cancel(id).await?;
+            return Err(Error::invalid(
+                "job",
+                format!(
+                    "batch {parent} was re-run by another request at the same moment; job {id} is cancelled"
+                ),
+            ));
+        }
         tracing::info!(
             job_id = id,
             parent,

@@ -79,6 +79,7 @@ conformance!(
     batch_rerun_runs_only_failed_children_with_their_items_claimed,
     batch_rerun_is_refused_with_the_reason,
     batch_rerun_leaves_out_held_items_and_survives_a_lost_claim_ack,
+    batch_rerun_twice_at_once_starts_one,
     transient_chunk_enqueue_error_is_retried,
     // Failure routes through the fault-injection store
     fault_bridge_fails_before_then_retry_finishes_once,

@@ -102,6 +102,13 @@ async fn rerun_failed_children_from_the_batch_page() {
         .unwrap_or_else(|| panic!("location {to}"));
     let html = get(&app, &to, &[]).await.text();
     assert!(html.contains("Re-run started"), "{html}");
+    let batch_html = get(&app, &page, &[]).await.text();
+    assert!(
+        batch_html.contains(&format!(
+            r#"<dt>re-run by</dt><dd><a href="/jobs/{rerun}">job {rerun}</a></dd>"#
+        )),
+        "{batch_html}"
+    );
     assert!(
         html.contains(&format!(
             r#"<a href="/batches/{parent}">failed children of batch {parent}</a>"#

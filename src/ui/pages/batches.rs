@@ -111,6 +111,11 @@ async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Re
         })
         .await?;
     let rerunnable = st.jobs().pipeline_steps(&job.pipeline).is_some();
+    let rerun_by = st
+        .store
+        .engine_data(id)
+        .await?
+        .and_then(|(data, _)| crate::batch::rerun::rerun_by(&data));
     Ok(html! {
         h1 { "Batch " (id) " " (job_status(job.status)) }
         (layout::notice(ctx, notice, None))
@@ -125,6 +130,7 @@ async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Re
             dt { "worklist" } dd { (b.ready) " ready, " (b.leased) " leased, " (b.completed_rows) " done, " (b.discarded_rows) " discarded" }
             dt { "fenced" } dd { (if b.fenced { "yes: every child is created" } else { "no: chunks still scheduling" }) }
             dt { "outcome" } dd { (b.outcome.as_deref().unwrap_or("—")) }
+            @if let Some(r) = rerun_by { dt { "re-run by" } dd { a href=(ctx.href(&format!("/jobs/{r}"))) { "job " (r) } } }
         }
         @if !job.status.is_final() && ctx.operator() {
             div.actions { (layout::post_button(ctx, &format!("/batches/{id}/cancel"), "Cancel remaining children", "danger")) }

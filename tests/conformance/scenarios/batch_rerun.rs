@@ -82,6 +82,15 @@ pub async fn batch_rerun_runs_only_failed_children_with_their_items_claimed(db: 
     healed.store(true, Ordering::SeqCst);
     let rerun = rt.jobs().rerun_failed(parent).await.unwrap();
     assert_ne!(rerun, parent);
+    // While it is not final, another re-run is refused (items without claims would run twice).
+    match rt.jobs().rerun_failed(parent).await {
+        Err(e @ Error::InvalidInput { .. }) => assert!(
+            e.to_string()
+                .contains(&format!("is being re-run by job {rerun}")),
+            "{e}"
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
     rt.drain(1000).await.unwrap();
     let r = rt.jobs().get(rerun).await.unwrap();
     assert_eq!(r.status, JobStatus::Completed, "{r:?}");
@@ -215,5 +224,58 @@ pub async fn batch_rerun_leaves_out_held_items_and_survives_a_lost_claim_ack(db:
         (ClaimStatus::Claimed, Some(999_999)),
         "the other owner keeps item 4"
     );
+    assert_clean(&rt).await;
+}
+
+/// Two re-runs requested at the same moment: both pass the check, both create a job, and the
+/// compare-and-swap on the parent's engine data lets one through; the other cancels its job
+/// (which never runs) and is refused.
+pub async fn batch_rerun_twice_at_once_starts_one(db: TestDb) {
+    let healed = Arc::new(AtomicBool::new(false));
+    let faulty = FaultyStore::wrap(db.store.clone());
+    let rt = runtime(&db, faulty.clone(), pipeline(healed.clone())).await;
+    let parent = rt.jobs().start("rerun", json!({})).await.unwrap();
+    rt.drain(1000).await.unwrap();
+    healed.store(true, Ordering::SeqCst);
+    // The first swap waits, so the second request reads the same version and swaps first.
+    faulty.fail_nth(
+        "cas_engine_data",
+        1,
+        FaultMode::Delay(std::time::Duration::from_millis(500)),
+    );
+    let jobs = rt.jobs();
+    let (a, b) = tokio::join!(jobs.rerun_failed(parent), jobs.rerun_failed(parent));
+    let (won, lost) = match (a, b) {
+        (Ok(w), Err(e)) | (Err(e), Ok(w)) => (w, e),
+        other => panic!("expected one re-run and one refusal, got {other:?}"),
+    };
+    assert!(lost.to_string().contains("at the same moment"), "{lost}");
+    let (data, _) = db.store.engine_data(parent).await.unwrap().unwrap();
+    assert_eq!(data["dockhand_rerun_by"], json!(won));
+    rt.drain(1000).await.unwrap();
+    assert_eq!(
+        rt.jobs().get(won).await.unwrap().status,
+        JobStatus::Completed
+    );
+    let reruns: Vec<_> = rt
+        .jobs()
+        .list(&dockhand::jobs::JobFilter {
+            pipeline: Some("rerun".into()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|j| j.id > parent && j.parent_id.is_none())
+        .collect();
+    assert_eq!(reruns.len(), 2, "{reruns:?}");
+    let loser = reruns.iter().find(|j| j.id != won).unwrap();
+    assert_eq!(loser.status, JobStatus::Cancelled);
+    assert!(
+        children(&rt, loser.id).await.is_empty(),
+        "the loser never ran"
+    );
+    assert_eq!(children(&rt, won).await.len(), 2);
     assert_clean(&rt).await;
 }
