@@ -113,6 +113,35 @@ impl Engine {
         Ok(())
     }
 
+    /// A step action delivered again (`attempt > 1`) to a job that already fanned out: the
+    /// step's output is the committed worklist, so the step does not run again (a re-run
+    /// could not claim the items the first children hold, and its smaller fan-out would be
+    /// refused as another contract). Makes sure the first chunk is scheduled, as an adopted
+    /// fan-out does (the earlier delivery may have died before scheduling it). `Ok(false)`:
+    /// the job has no batch, run the step.
+    pub(crate) async fn resume_fanned_out(
+        &self,
+        job_id: i64,
+        step: i32,
+        priority: i32,
+    ) -> std::result::Result<bool, HandlerError> {
+        let Some(st) = self.store.batch_state(job_id).await.map_err(retry)? else {
+            return Ok(false);
+        };
+        tracing::info!(
+            job_id,
+            step,
+            "step delivered again after its fan-out committed; the batch carries on"
+        );
+        if !st.fenced && st.outcome.is_none() {
+            if let Err(e) = self.schedule_chunk(job_id, 0, priority).await {
+                tracing::warn!(job_id, error = %e, "first chunk could not be scheduled");
+                self.batch_schedule_failed(job_id).await.map_err(retry)?;
+            }
+        }
+        Ok(true)
+    }
+
     /// B3: stop scheduling, discard unscheduled rows (their claims released), and finish the
     /// parent `failed / batch_schedule_failed` now if no child is active (else the last child's
     /// terminal transaction enqueues finalize, which decides it).

@@ -134,6 +134,13 @@ impl Engine {
                 .unrunnable(job_id, format!("unknown pipeline `{}`", job.pipeline))
                 .await;
         };
+        if action.attempt > 1
+            && self
+                .resume_fanned_out(job_id, step, pipeline.priority)
+                .await?
+        {
+            return Ok(());
+        }
         if let Some(source) = self
             .rerun_source(&job, step)
             .await

@@ -76,6 +76,7 @@ conformance!(
     regression_chunk_redelivery_takes_back_its_own_rows,
     regression_rows_held_by_a_dead_chunk_leave_a_wake_up,
     regression_stale_chunk_run_leases_and_settles_nothing,
+    regression_split_redelivered_after_its_fan_out_does_not_fail_the_job,
     batch_rerun_runs_only_failed_children_with_their_items_claimed,
     batch_rerun_is_refused_with_the_reason,
     batch_rerun_leaves_out_held_items_and_survives_a_lost_claim_ack,

@@ -4,6 +4,7 @@
 use super::batches::{actions, assert_clean, batch_pipeline, children, ok_child, runtime};
 use crate::harness::TestDb;
 use dockhand::batch::{RowSettle, CHUNK_HOOK};
+use dockhand::store::faulty::{FaultMode, FaultyStore};
 use dockhand::store::{ClaimRequest, Lease};
 use dockhand::{ActionSpec, ActionStatus, Clock, Error, JobStatus};
 use serde_json::json;
@@ -176,5 +177,38 @@ pub async fn regression_stale_chunk_run_leases_and_settles_nothing(db: TestDb) {
         rt.jobs().get(parent).await.unwrap().status,
         JobStatus::Completed
     );
+    assert_clean(&rt).await;
+}
+
+/// Chaos-run regression (seed 186574116, MariaDB): a split step's fan-out committed, but its
+/// worker died before the step action's finish was written. The reaper re-delivered the step
+/// while the first chunk's children held the items; the re-run split could not claim them,
+/// emitted fewer packets, and its fan-out was rejected as "another contract": the job failed
+/// `step_failed` and its items were never processed. A re-delivered step whose fan-out is
+/// committed must not run again: the batch drives the job from there.
+pub async fn regression_split_redelivered_after_its_fan_out_does_not_fail_the_job(db: TestDb) {
+    let faulty = FaultyStore::wrap(db.store.clone());
+    let rt = runtime(&db, faulty.clone(), batch_pipeline(6, 3, ok_child)).await;
+    let parent = rt.jobs().start("batch", json!({})).await.unwrap();
+    // The split step runs and fans out; writing its finish fails, so it stays running.
+    faulty.fail_nth("finish", 1, FaultMode::FailBefore);
+    assert_eq!(rt.run_due_once().await.unwrap(), 1, "the split step");
+    assert_eq!(faulty.injected(), 1, "the split step's finish was lost");
+    // The first chunk hands items 0..3 to children.
+    rt.run_due_once().await.unwrap();
+    assert_eq!(children(&rt, parent).await.len(), 3);
+    // The split's lease runs out; the reaper re-delivers it beside the rest.
+    db.clock.advance(chrono::Duration::minutes(10));
+    for _ in 0..5 {
+        rt.drain(1000).await.unwrap();
+        db.clock.advance(chrono::Duration::seconds(3));
+    }
+    let p = rt.jobs().get(parent).await.unwrap();
+    assert_eq!(
+        (p.status, p.reason.as_deref()),
+        (JobStatus::Completed, None),
+        "the re-delivered split does not fail the job"
+    );
+    assert_eq!(children(&rt, parent).await.len(), 6);
     assert_clean(&rt).await;
 }
