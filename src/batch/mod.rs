@@ -105,6 +105,9 @@ pub enum FanOutOutcome {
 pub struct FailedChild {
     /// The child job.
     pub job: crate::jobs::Job,
+    /// The packet ref of its worklist row (the child step's input; `None` for a child created
+    /// before 0007).
+    pub item_ref: Option<String>,
     /// The descriptors of its worklist row's sidecar (empty for a child created before 0007).
     pub sidecar: Vec<Descriptor>,
     /// Why the stored sidecar could not be decoded, if it could not.
@@ -117,6 +120,15 @@ pub(crate) fn decode_sidecar(json: Option<serde_json::Value>) -> (Vec<Descriptor
     match json.map(serde_json::from_value::<Vec<Descriptor>>) {
         None => (Vec::new(), None),
         Some(Ok(d)) => (d, None),
+        Some(Err(e)) => (Vec::new(), Some(e.to_string())),
+    }
+}
+
+/// [`decode_sidecar`] for a sidecar stored as JSON text (SQLite, MySQL).
+pub(crate) fn decode_sidecar_text(text: Option<&str>) -> (Vec<Descriptor>, Option<String>) {
+    match text.map(serde_json::from_str::<serde_json::Value>) {
+        None => decode_sidecar(None),
+        Some(Ok(v)) => decode_sidecar(Some(v)),
         Some(Err(e)) => (Vec::new(), Some(e.to_string())),
     }
 }

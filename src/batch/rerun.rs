@@ -3,12 +3,14 @@
 //!
 //! A failed child is final (J3, J4): its final event is in the outbox and its parent's counters
 //! count it, and the parent itself is usually final, decided once (B6). Nothing of that is
-//! reopened. A re-run is a **new batch parent** of the same pipeline, marked in its engine data
-//! with the batch it re-runs. Its first step is the re-run step instead of the pipeline's own:
-//! for each failed child it claims the child's items again (from the sidecar the child kept,
-//! migration 0007) and fans the child's input packet out to the same child step (B1–B8 from
-//! there). An item that another job holds, or that was processed since, is left out, so an item
-//! is never run by two jobs at once. The re-run has its own counters, events and final status.
+//! reopened. A re-run is a **new batch parent** of the same pipeline, created in one
+//! transaction with the mark on the batch it re-runs (a batch is re-run once; what fails in the
+//! re-run is re-run from the re-run). Its first step is the re-run step instead of the
+//! pipeline's own: for each failed child it claims the child's items again (from the sidecar
+//! the child kept, migration 0007) and fans the packet its worklist row gave it (also kept) out
+//! to the same child step (B1–B8 from there). An item that another job holds, or that was
+//! processed since, is left out, so an item is never run by two jobs at once. The re-run has
+//! its own counters, events and final status.
 
 use super::{FailedChild, WorkItem, DEFAULT_CHUNK_SIZE};
 use crate::claims::{ClaimItemRequest, ClaimOutcome, Descriptor, DEFAULT_CLAIM_TTL};
@@ -19,12 +21,11 @@ use crate::jobs::pipeline::Pipeline;
 use crate::jobs::{Job, NewJob};
 use crate::state::JobStatus;
 use serde_json::{json, Value};
-use std::sync::Arc;
 
 /// The engine-data key that marks a re-run and names the batch it re-runs.
 pub const RERUN_OF: &str = "dockhand_rerun_of";
 
-/// The engine-data key a re-run batch gets: the latest job that re-runs it.
+/// The engine-data key a re-run batch gets: the job that re-runs it.
 pub const RERUN_BY: &str = "dockhand_rerun_by";
 
 /// The batch a job's engine data says it re-runs, if it is a re-run.
@@ -32,9 +33,23 @@ pub fn rerun_of(engine_data: &Value) -> Option<i64> {
     engine_data.get(RERUN_OF).and_then(Value::as_i64)
 }
 
-/// The latest job that re-runs a batch, from the batch's engine data.
+/// The job that re-runs a batch, from the batch's engine data.
 pub fn rerun_by(engine_data: &Value) -> Option<i64> {
     engine_data.get(RERUN_BY).and_then(Value::as_i64)
+}
+
+/// A batch's engine data marked as re-run by job `by` (a document that is not an object is
+/// kept under `"data"`, never dropped).
+pub(crate) fn mark_rerun_by(engine_data: &Value, by: i64) -> Value {
+    let mut marked = match engine_data {
+        Value::Object(_) => engine_data.clone(),
+        Value::Null => json!({}),
+        other => json!({ "data": other }),
+    };
+    if let Some(map) = marked.as_object_mut() {
+        map.insert(RERUN_BY.to_string(), json!(by));
+    }
+    marked
 }
 
 /// Failed children read per store call.
@@ -43,14 +58,14 @@ const PAGE: i64 = 500;
 impl Engine {
     /// Starts a re-run of `parent`'s failed children; returns the new job's id. Refused while
     /// the parent is not final, when it is not a batch parent, has no failed child, its
-    /// pipeline is not registered here, or an earlier re-run of it is not final yet (items
-    /// without claims would otherwise run twice).
+    /// pipeline is not registered here, or it was re-run already.
     ///
-    /// The parent's engine data records the latest re-run (`dockhand_rerun_by`), written with
-    /// a compare-and-swap after the new job is created: of two re-runs started at the same
-    /// moment, the one that loses the swap cancels its job (nothing of it has run: its step
-    /// finds the job final) and is refused.
-    pub(crate) async fn start_rerun(self: &Arc<Self>, parent: i64) -> Result<i64> {
+    /// A batch is re-run once: re-running it again would run again what its re-run already
+    /// ran (items whose claims were deleted on completion, or that have none); what failed in
+    /// the re-run is re-run from the re-run. The new job and the parent's mark
+    /// (`dockhand_rerun_by`, compare-and-swap on its engine version) are written in one
+    /// transaction, so of two requests at the same moment one creates nothing.
+    pub(crate) async fn start_rerun(&self, parent: i64) -> Result<i64> {
         let job = self.store.get_job(parent).await?.ok_or(Error::NotFound {
             what: "job",
             id: parent,
@@ -70,6 +85,22 @@ impl Engine {
                 ),
             ));
         }
+        let (data, version) = self
+            .store
+            .engine_data(parent)
+            .await?
+            .ok_or(Error::NotFound {
+                what: "job",
+                id: parent,
+            })?;
+        if let Some(by) = rerun_by(&data) {
+            return Err(Error::invalid(
+                "job",
+                format!(
+                    "batch {parent} was re-run already by job {by}: re-run that job's failed children instead"
+                ),
+            ));
+        }
         if self.store.failed_children(parent, 0, 1).await?.is_empty() {
             return Err(Error::invalid(
                 "job",
@@ -85,53 +116,22 @@ impl Engine {
                 ),
             )
         })?;
-        let (data, version) = self
+        let rerun = NewJob {
+            pipeline: job.pipeline.clone(),
+            input_refs: Vec::new(),
+            engine_data: json!({ RERUN_OF: parent }),
+            step: pipeline.step_action(),
+        };
+        let created = self
             .store
-            .engine_data(parent)
-            .await?
-            .ok_or(Error::NotFound {
-                what: "job",
-                id: parent,
-            })?;
-        if let Some(prev) = rerun_by(&data) {
-            let live = self.store.get_job(prev).await?;
-            if let Some(prev_job) = live.filter(|j| !j.status.is_final()) {
-                return Err(Error::invalid(
-                    "job",
-                    format!(
-                        "batch {parent} is being re-run by job {prev} ({}): wait until it is final",
-                        prev_job.status
-                    ),
-                ));
-            }
-        }
-        let id = self
-            .store
-            .create_job(
-                &NewJob {
-                    pipeline: job.pipeline.clone(),
-                    input_refs: Vec::new(),
-                    engine_data: json!({ RERUN_OF: parent }),
-                    step: pipeline.step_action(),
-                },
-                self.clock.now(),
-            )
+            .create_rerun_job(&rerun, parent, version, &data, self.clock.now())
             .await?;
-        let mut marked = data;
-        if let Some(map) = marked.as_object_mut() {
-            map.insert(RERUN_BY.to_string(), json!(id));
-        } else {
-            marked = json!({ RERUN_BY: id });
-        }
-        if !self.store.cas_engine_data(parent, version, &marked).await? {
-            self.jobs().cancel(id).await?;
+        let Some(id) = created else {
             return Err(Error::invalid(
                 "job",
-                format!(
-                    "batch {parent} was re-run by another request at the same moment; job {id} is cancelled"
-                ),
+                format!("batch {parent} was re-run by another request at the same moment"),
             ));
-        }
+        };
         tracing::info!(
             job_id = id,
             parent,
@@ -151,8 +151,9 @@ impl Engine {
     }
 
     /// The re-run step of `job`: claims the items of `source`'s failed children for `job` and
-    /// fans their packets out to the child step. A retry re-claims the same items (a job's own
-    /// claim keeps its token), so the worklist contract matches and is adopted.
+    /// fans their packets out to the child step. A retry before the fan-out committed claims
+    /// the same items again (a job's own claim keeps its token); after it, the step does not
+    /// run again ([`Engine::resume_fanned_out`]).
     pub(crate) async fn run_rerun(
         &self,
         job: &Job,
@@ -173,7 +174,7 @@ impl Engine {
                 .await
                 .map_err(HandlerError::retry)?;
             for child in &page {
-                match self.rerun_item(job.id, child).await? {
+                match self.rerun_item(job.id, child, st.child_step).await? {
                     Some(item) => items.push(item),
                     None => left_out += 1,
                 }
@@ -206,16 +207,27 @@ impl Engine {
 
     /// One failed child as a worklist item of `owner`, its items claimed again; `None` when it
     /// cannot run now (what it claimed is given back): an item held by another job or
-    /// processed since, a sidecar that cannot be read, or not exactly one input packet.
+    /// processed since, a sidecar that cannot be read, or (a child from before migration 0007)
+    /// no record of the packet its child step was given.
     async fn rerun_item(
         &self,
         owner: i64,
         child: &FailedChild,
+        child_step: i32,
     ) -> std::result::Result<Option<WorkItem>, HandlerError> {
         let id = child.job.id;
-        let [payload_ref] = child.job.input_refs.as_slice() else {
-            tracing::warn!(child = id, "left out of the re-run: not one input packet");
-            return Ok(None);
+        // The child's own input_refs move on with its steps: only the worklist's ref (or, from
+        // before 0007, input_refs while still at the child step) is the child step's input.
+        let payload_ref = match (&child.item_ref, child.job.input_refs.as_slice()) {
+            (Some(r), _) => r,
+            (None, [r]) if child.job.step_index == child_step => r,
+            _ => {
+                tracing::warn!(
+                    child = id,
+                    "left out of the re-run: its child-step input is not recorded"
+                );
+                return Ok(None);
+            }
         };
         if let Some(e) = &child.sidecar_error {
             tracing::warn!(child = id, error = %e, "left out of the re-run: unreadable sidecar");

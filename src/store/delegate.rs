@@ -400,6 +400,21 @@ macro_rules! delegate_store {
             async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {
                 $around!(self, "batch_state", self.inner.batch_state(parent))
             }
+            async fn create_rerun_job(
+                &self,
+                job: &NewJob,
+                parent: i64,
+                parent_version: i64,
+                parent_data: &Value,
+                now: DateTime<Utc>,
+            ) -> Result<Option<i64>> {
+                $around!(
+                    self,
+                    "create_rerun_job",
+                    self.inner
+                        .create_rerun_job(job, parent, parent_version, parent_data, now)
+                )
+            }
             async fn failed_children(
                 &self,
                 parent: i64,

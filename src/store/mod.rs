@@ -388,6 +388,19 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes the worklist of a parent (B8); an error while the parent is not final.
     async fn cleanup_worklist(&self, parent: i64) -> Result<u64>;
 
+    /// In one transaction: [`Store::create_job`] and the re-run mark on `parent`: its engine
+    /// data becomes `parent_data` with `dockhand_rerun_by` = the new job's id, compare-and-swap
+    /// on `parent_version`. `None` (nothing written, no job) when the version moved: another
+    /// request re-ran it first.
+    async fn create_rerun_job(
+        &self,
+        job: &NewJob,
+        parent: i64,
+        parent_version: i64,
+        parent_data: &Value,
+        now: DateTime<Utc>,
+    ) -> Result<Option<i64>>;
+
     /// The children of `parent` in status `failed` with id above `after_id`, in id order, at
     /// most `limit`, each with its stored sidecar (read-only; for `Jobs::rerun_failed`).
     async fn failed_children(

@@ -95,6 +95,16 @@ pub struct Lease {
     pub token: i64,
 }
 
+impl Lease {
+    /// The error of a write refused because this run no longer holds its lease.
+    pub fn lost(self) -> crate::Error {
+        crate::Error::LeaseLost {
+            action_id: self.id,
+            token: self.token,
+        }
+    }
+}
+
 /// How a run ended, as written by [`Store::finish`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Finish {

@@ -50,7 +50,8 @@ async fn rerun_failed_children_from_the_batch_page() {
     let healed = Arc::new(AtomicBool::new(false));
     let rt = runtime(&f, healed.clone()).await;
     let parent = rt.jobs().start("fanout4", json!({})).await.expect("start");
-    rt.run_due_once().await.expect("the split step");
+    let other = rt.jobs().start("fanout4", json!({})).await.expect("start");
+    rt.run_due_once().await.expect("the split steps");
     assert!(
         rt.jobs()
             .batch_state(parent)
@@ -125,7 +126,7 @@ async fn rerun_failed_children_from_the_batch_page() {
         .expect("state")
         .expect("batch");
     assert_eq!((st.children_total, st.children_completed), (1, 1));
-    // The old batch still counts its failed child; htmx gets the redirect as a header.
+    // The old batch still counts its failed child, and is re-run once.
     let st = rt
         .jobs()
         .batch_state(parent)
@@ -133,13 +134,28 @@ async fn rerun_failed_children_from_the_batch_page() {
         .expect("state")
         .expect("batch");
     assert_eq!(st.children_failed, 1);
+    let html = get(&app, &page, &[]).await.text();
+    assert!(!html.contains(&button), "{html}");
+    assert!(html.contains("Re-run already by"), "{html}");
+    let a = s.post(&app, &format!("{page}/rerun"), &[]).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
+    assert!(
+        a.text().contains("was re-run already by job"),
+        "{}",
+        a.text()
+    );
+    // htmx gets the new job's page as an `HX-Redirect` header.
     let a = s
-        .post(&app, &format!("{page}/rerun"), &[("hx-request", "true")])
+        .post(
+            &app,
+            &format!("/batches/{other}/rerun"),
+            &[("hx-request", "true")],
+        )
         .await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let to = a.header("hx-redirect");
     assert!(
-        a.header("hx-redirect").ends_with("?msg=rerun-started"),
-        "{}",
-        a.header("hx-redirect")
+        to.starts_with("/jobs/") && to.ends_with("?msg=rerun-started"),
+        "{to}"
     );
 }

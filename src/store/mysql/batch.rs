@@ -210,13 +210,7 @@ async fn chunk_fence(conn: &mut MySqlConnection, chunk: Lease, op: &'static str)
     .fetch_optional(conn)
     .await
     .map_err(Error::db(op))?;
-    match live {
-        Some(_) => Ok(()),
-        None => Err(Error::LeaseLost {
-            action_id: chunk.id,
-            token: chunk.token,
-        }),
-    }
+    live.map(|_| ()).ok_or_else(|| chunk.lost())
 }
 
 pub(super) async fn lease_work(
@@ -390,9 +384,9 @@ async fn create_child_in(
     let done = sqlx::query(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version, parent_id,
-             child_index, created_at, updated_at, sidecar)
-         VALUES (?, 'pending', ?, ?, '{}', 0, ?, ?, ?, ?,
-                 (SELECT sidecar FROM dockhand_worklist WHERE parent_id = ? AND idx = ?))",
+             child_index, created_at, updated_at, item_ref, sidecar)
+         SELECT ?, 'pending', ?, ?, '{}', 0, ?, ?, ?, ?, w.payload_ref, w.sidecar
+         FROM dockhand_worklist w WHERE w.parent_id = ? AND w.idx = ?",
     )
     .bind(&c.pipeline)
     .bind(c.step_index)

@@ -14,7 +14,7 @@ use super::connect::retry_deadlocks;
 use super::jobs::{job_from_row, opt_text, text, JOB_COLUMNS};
 use super::MySqlStore;
 use crate::batch::{
-    decode_sidecar, finalize_action, BatchAbort, BatchState, FailedChild, FenceOutcome,
+    decode_sidecar_text, finalize_action, BatchAbort, BatchState, FailedChild, FenceOutcome,
 };
 use crate::error::{Error, Result};
 use crate::state::JobStatus;
@@ -403,7 +403,7 @@ pub(super) async fn failed_children(
     limit: i64,
 ) -> Result<Vec<FailedChild>> {
     let rows = sqlx::query(&format!(
-        "SELECT {JOB_COLUMNS}, sidecar FROM dockhand_jobs
+        "SELECT {JOB_COLUMNS}, item_ref, sidecar FROM dockhand_jobs
          WHERE parent_id = ? AND status = 'failed' AND id > ?
          ORDER BY id LIMIT ?"
     ))
@@ -416,14 +416,12 @@ pub(super) async fn failed_children(
     rows.iter()
         .map(|row| {
             let job = job_from_row(row)?;
-            let json = opt_text(row, "sidecar")?.map(|t| serde_json::from_str::<Value>(&t));
-            let (sidecar, sidecar_error) = match json {
-                None => decode_sidecar(None),
-                Some(Ok(v)) => decode_sidecar(Some(v)),
-                Some(Err(e)) => (Vec::new(), Some(e.to_string())),
-            };
+            let item_ref = opt_text(row, "item_ref")?;
+            let text = opt_text(row, "sidecar")?;
+            let (sidecar, sidecar_error) = decode_sidecar_text(text.as_deref());
             Ok(FailedChild {
                 job,
+                item_ref,
                 sidecar,
                 sidecar_error,
             })

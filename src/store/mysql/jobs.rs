@@ -14,6 +14,7 @@
 
 use super::connect::retry_deadlocks;
 use super::{enqueue::enqueue_one, from_ms, ms, MySqlStore};
+use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
 use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction};
@@ -107,6 +108,20 @@ pub(super) async fn create_job(
     job: &NewJob,
     now: DateTime<Utc>,
 ) -> Result<i64> {
+    create_job_marking(store, job, None, now)
+        .await?
+        .ok_or_else(|| Error::invalid("job", "no parent to mark: the job is always created"))
+}
+
+/// [`create_job`], and with `mark` (parent, its engine version, its engine data) the parent's
+/// engine data marked with the new job as its re-run, compare-and-swap on the version, in the
+/// same transaction; `None` (nothing written) when the parent's version moved.
+pub(super) async fn create_job_marking(
+    store: &MySqlStore,
+    job: &NewJob,
+    mark: Option<(i64, i64, &Value)>,
+    now: DateTime<Utc>,
+) -> Result<Option<i64>> {
     let op = "create_job";
     let refs = refs_json(&job.input_refs)?;
     let data = serde_json::to_string(&job.engine_data)
@@ -129,9 +144,27 @@ pub(super) async fn create_job(
         .await
         .map_err(Error::db(op))?;
         let id = inserted_id(done.last_insert_id(), op)?;
+        if let Some((parent, version, data)) = mark {
+            let marked = serde_json::to_string(&mark_rerun_by(data, id))
+                .map_err(|e| Error::invalid("engine_data", e.to_string()))?;
+            let swapped = sqlx::query(
+                "UPDATE dockhand_jobs SET engine_data = ?, engine_version = engine_version + 1
+                 WHERE id = ? AND engine_version = ?",
+            )
+            .bind(marked)
+            .bind(parent)
+            .bind(version)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db("create_job (mark parent)"))?;
+            if swapped.rows_affected() != 1 {
+                tx.rollback().await.map_err(Error::db(op))?;
+                return Ok((None, false));
+            }
+        }
         let due = enqueue_step(&mut tx, &job.step, id, 0, now).await?;
         tx.commit().await.map_err(Error::db(op))?;
-        Ok((id, due))
+        Ok((Some(id), due))
     })
     .await?;
     if due {

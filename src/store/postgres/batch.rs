@@ -196,13 +196,7 @@ pub(super) async fn chunk_fence(
     .fetch_optional(conn)
     .await
     .map_err(Error::db(op))?;
-    match live {
-        Some(_) => Ok(()),
-        None => Err(Error::LeaseLost {
-            action_id: chunk.id,
-            token: chunk.token,
-        }),
-    }
+    live.map(|_| ()).ok_or_else(|| chunk.lost())
 }
 
 /// Leases ready (or lease-expired) rows in idx order; see [`crate::Store::lease_work`].
@@ -308,9 +302,9 @@ pub(super) async fn create_child(
     let inserted: Option<i64> = sqlx::query_scalar(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version,
-             parent_id, child_index, created_at, updated_at, sidecar)
-         VALUES ($1, 'pending', $2, $3, '{}', 0, $4, $5, $6, $6,
-                 (SELECT sidecar FROM dockhand_worklist WHERE parent_id = $4 AND idx = $5))
+             parent_id, child_index, created_at, updated_at, item_ref, sidecar)
+         SELECT $1, 'pending', $2, $3, '{}', 0, $4, $5, $6, $6, w.payload_ref, w.sidecar
+         FROM dockhand_worklist w WHERE w.parent_id = $4 AND w.idx = $5
          ON CONFLICT (parent_id, child_index) WHERE parent_id IS NOT NULL DO NOTHING
          RETURNING id",
     )

@@ -6,6 +6,7 @@
 //! a job never moves without its next step being queued, nor gets a step queued twice.
 
 use super::{enqueue::enqueue_one, ts, PgStore};
+use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
 use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction};
@@ -52,6 +53,20 @@ pub(super) fn job_from_row(row: &PgRow) -> Result<Job> {
 }
 
 pub(super) async fn create_job(store: &PgStore, job: &NewJob, now: DateTime<Utc>) -> Result<i64> {
+    create_job_marking(store, job, None, now)
+        .await?
+        .ok_or_else(|| Error::invalid("job", "no parent to mark: the job is always created"))
+}
+
+/// [`create_job`], and with `mark` (parent, its engine version, its engine data) the parent's
+/// engine data marked with the new job as its re-run, compare-and-swap on the version, in the
+/// same transaction; `None` (nothing written) when the parent's version moved.
+pub(super) async fn create_job_marking(
+    store: &PgStore,
+    job: &NewJob,
+    mark: Option<(i64, i64, &Value)>,
+    now: DateTime<Utc>,
+) -> Result<Option<i64>> {
     let mut tx = store.begin("create_job").await?;
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO dockhand_jobs
@@ -67,6 +82,22 @@ pub(super) async fn create_job(store: &PgStore, job: &NewJob, now: DateTime<Utc>
     .fetch_one(&mut *tx)
     .await
     .map_err(Error::db("create_job"))?;
+    if let Some((parent, version, data)) = mark {
+        let swapped = sqlx::query(
+            "UPDATE dockhand_jobs SET engine_data = $1, engine_version = engine_version + 1
+             WHERE id = $2 AND engine_version = $3",
+        )
+        .bind(Json(mark_rerun_by(data, id)))
+        .bind(parent)
+        .bind(version)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db("create_job (mark parent)"))?;
+        if swapped.rows_affected() != 1 {
+            tx.rollback().await.map_err(Error::db("create_job"))?;
+            return Ok(None);
+        }
+    }
     enqueue_one(
         &mut tx,
         &job.step.action(id, 0, now),
@@ -75,7 +106,7 @@ pub(super) async fn create_job(store: &PgStore, job: &NewJob, now: DateTime<Utc>
     )
     .await?;
     tx.commit().await.map_err(Error::db("create_job"))?;
-    Ok(id)
+    Ok(Some(id))
 }
 
 pub(super) async fn get_job(store: &PgStore, id: i64) -> Result<Option<Job>> {

@@ -441,6 +441,17 @@ impl Store for PgStore {
         batch::batch_state(self, parent).await
     }
 
+    async fn create_rerun_job(
+        &self,
+        job: &NewJob,
+        parent: i64,
+        parent_version: i64,
+        parent_data: &Value,
+        now: DateTime<Utc>,
+    ) -> Result<Option<i64>> {
+        jobs::create_job_marking(self, job, Some((parent, parent_version, parent_data)), now).await
+    }
+
     async fn failed_children(
         &self,
         parent: i64,

@@ -48,13 +48,7 @@ async fn chunk_fence(conn: &mut SqliteConnection, chunk: Lease, op: &'static str
     .fetch_optional(conn)
     .await
     .map_err(Error::db(op))?;
-    match live {
-        Some(_) => Ok(()),
-        None => Err(Error::LeaseLost {
-            action_id: chunk.id,
-            token: chunk.token,
-        }),
-    }
+    live.map(|_| ()).ok_or_else(|| chunk.lost())
 }
 
 fn no_row(parent: i64, idx: i32) -> Error {
@@ -303,9 +297,9 @@ pub(super) async fn create_child(
     let child: i64 = sqlx::query_scalar(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version, parent_id,
-             child_index, created_at, updated_at, sidecar)
-         VALUES (?1, 'pending', ?2, ?3, '{}', 0, ?4, ?5, ?6, ?6,
-                 (SELECT sidecar FROM dockhand_worklist WHERE parent_id = ?4 AND idx = ?5))
+             child_index, created_at, updated_at, item_ref, sidecar)
+         SELECT ?1, 'pending', ?2, ?3, '{}', 0, ?4, ?5, ?6, ?6, w.payload_ref, w.sidecar
+         FROM dockhand_worklist w WHERE w.parent_id = ?4 AND w.idx = ?5
          RETURNING id",
     )
     .bind(&c.pipeline)

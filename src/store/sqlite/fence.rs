@@ -7,7 +7,7 @@ use super::batch::enqueue_due;
 use super::jobs::{job_from_row, JOB_COLUMNS};
 use super::SqliteStore;
 use crate::batch::{
-    decode_sidecar, finalize_action, BatchAbort, BatchState, FailedChild, FenceOutcome,
+    decode_sidecar_text, finalize_action, BatchAbort, BatchState, FailedChild, FenceOutcome,
 };
 use crate::error::{Error, Result};
 use crate::state::JobStatus;
@@ -301,7 +301,7 @@ pub(super) async fn failed_children(
     limit: i64,
 ) -> Result<Vec<FailedChild>> {
     let rows = sqlx::query(&format!(
-        "SELECT {JOB_COLUMNS}, sidecar FROM dockhand_jobs
+        "SELECT {JOB_COLUMNS}, item_ref, sidecar FROM dockhand_jobs
          WHERE parent_id = ? AND status = 'failed' AND id > ?
          ORDER BY id LIMIT ?"
     ))
@@ -314,17 +314,16 @@ pub(super) async fn failed_children(
     rows.iter()
         .map(|row| {
             let job = job_from_row(row)?;
+            let item_ref: Option<String> = row
+                .try_get("item_ref")
+                .map_err(Error::db("decode failed child"))?;
             let text: Option<String> = row
                 .try_get("sidecar")
                 .map_err(Error::db("decode failed child"))?;
-            let json = text.map(|t| serde_json::from_str(&t));
-            let (sidecar, sidecar_error) = match json {
-                None => decode_sidecar(None),
-                Some(Ok(v)) => decode_sidecar(Some(v)),
-                Some(Err(e)) => (Vec::new(), Some(e.to_string())),
-            };
+            let (sidecar, sidecar_error) = decode_sidecar_text(text.as_deref());
             Ok(FailedChild {
                 job,
+                item_ref,
                 sidecar,
                 sidecar_error,
             })

@@ -137,8 +137,10 @@ async fn detail(st: &AppState, ctx: &Ctx, id: i64, notice: Option<Notice>) -> Re
         }
         h2 { "Failed children" }
         @if b.children_failed > 0 {
-            p.hint { "A failed child is final and counted in this batch. \"Re-run failed children\" (once the batch is final) starts a new batch that claims their items again and runs them from the child step; an item another job holds, or processed since, is left out." }
-            @if job.status.is_final() && ctx.operator() {
+            p.hint { "A failed child is final and counted in this batch. \"Re-run failed children\" (once, when the batch is final) starts a new batch that claims their items again and runs them from the child step; an item another job holds, or processed since, is left out." }
+            @if let Some(r) = rerun_by {
+                p.hint { "Re-run already by " a href=(ctx.href(&format!("/jobs/{r}"))) { "job " (r) } ": what fails there is re-run from its own batch page." }
+            } @else if job.status.is_final() && ctx.operator() {
                 @if rerunnable {
                     div.actions { (layout::post_button(ctx, &format!("/batches/{id}/rerun"), "Re-run failed children", "primary")) }
                 } @else {

@@ -9,6 +9,30 @@ use dockhand::store::{ClaimRequest, Lease};
 use dockhand::{ActionSpec, ActionStatus, Clock, Error, JobStatus};
 use serde_json::json;
 
+/// Drains `rounds` times, 3 s of clock apart (retries and snoozes come due).
+async fn drain_rounds(rt: &dockhand::Runtime, db: &TestDb, rounds: usize) {
+    for _ in 0..rounds {
+        rt.drain(1000).await.unwrap();
+        db.clock.advance(chrono::Duration::seconds(3));
+    }
+}
+
+/// The batch finished: `n` children, the parent completed without a reason, `check` clean.
+async fn assert_batch_completed(rt: &dockhand::Runtime, parent: i64, n: usize) {
+    assert_eq!(
+        children(rt, parent).await.len(),
+        n,
+        "every row became a child"
+    );
+    let p = rt.jobs().get(parent).await.unwrap();
+    assert_eq!(
+        (p.status, p.reason.as_deref()),
+        (JobStatus::Completed, None),
+        "the parent is not stranded or failed"
+    );
+    assert_clean(rt).await;
+}
+
 /// Claims the one due action of `hook` as a worker would, with a lease of `lease`.
 async fn claim_as_worker(db: &TestDb, hook: &str, lease: chrono::Duration) -> Lease {
     let now = db.clock.now();
@@ -46,18 +70,8 @@ pub async fn regression_chunk_redelivery_takes_back_its_own_rows(db: TestDb) {
     assert_eq!(leased.len(), 3);
     // Its action lease runs out; the reaper re-delivers it well inside the row lease.
     db.clock.advance(chrono::Duration::seconds(31));
-    for _ in 0..5 {
-        rt.drain(1000).await.unwrap();
-        db.clock.advance(chrono::Duration::seconds(3));
-    }
-    assert_eq!(
-        children(&rt, parent).await.len(),
-        6,
-        "every row became a child"
-    );
-    let p = rt.jobs().get(parent).await.unwrap();
-    assert_eq!(p.status, JobStatus::Completed, "the parent is not stranded");
-    assert_clean(&rt).await;
+    drain_rounds(&rt, &db, 5).await;
+    assert_batch_completed(&rt, parent, 6).await;
 }
 
 /// Rows held by another chunk run whose worker froze with its lease still live: the chunk
@@ -93,16 +107,8 @@ pub async fn regression_rows_held_by_a_dead_chunk_leave_a_wake_up(db: TestDb) {
     );
     // Past the row lease the waiting chunk takes the rows over.
     db.clock.advance(chrono::Duration::minutes(6));
-    for _ in 0..3 {
-        rt.drain(1000).await.unwrap();
-        db.clock.advance(chrono::Duration::seconds(3));
-    }
-    assert_eq!(children(&rt, parent).await.len(), 6);
-    assert_eq!(
-        rt.jobs().get(parent).await.unwrap().status,
-        JobStatus::Completed
-    );
-    assert_clean(&rt).await;
+    drain_rounds(&rt, &db, 3).await;
+    assert_batch_completed(&rt, parent, 6).await;
 }
 
 /// Chaos-run regression (seed 229593118, PostgreSQL): a chunk run lost its action lease (the
@@ -168,16 +174,8 @@ pub async fn regression_stale_chunk_run_leases_and_settles_nothing(db: TestDb) {
     );
     // Its worker dies too; the next delivery finishes the batch with every claim settled.
     db.clock.advance(chrono::Duration::minutes(2));
-    for _ in 0..5 {
-        rt.drain(1000).await.unwrap();
-        db.clock.advance(chrono::Duration::seconds(3));
-    }
-    assert_eq!(children(&rt, parent).await.len(), 6);
-    assert_eq!(
-        rt.jobs().get(parent).await.unwrap().status,
-        JobStatus::Completed
-    );
-    assert_clean(&rt).await;
+    drain_rounds(&rt, &db, 5).await;
+    assert_batch_completed(&rt, parent, 6).await;
 }
 
 /// Chaos-run regression (seed 186574116, MariaDB): a split step's fan-out committed, but its
@@ -199,16 +197,6 @@ pub async fn regression_split_redelivered_after_its_fan_out_does_not_fail_the_jo
     assert_eq!(children(&rt, parent).await.len(), 3);
     // The split's lease runs out; the reaper re-delivers it beside the rest.
     db.clock.advance(chrono::Duration::minutes(10));
-    for _ in 0..5 {
-        rt.drain(1000).await.unwrap();
-        db.clock.advance(chrono::Duration::seconds(3));
-    }
-    let p = rt.jobs().get(parent).await.unwrap();
-    assert_eq!(
-        (p.status, p.reason.as_deref()),
-        (JobStatus::Completed, None),
-        "the re-delivered split does not fail the job"
-    );
-    assert_eq!(children(&rt, parent).await.len(), 6);
-    assert_clean(&rt).await;
+    drain_rounds(&rt, &db, 5).await;
+    assert_batch_completed(&rt, parent, 6).await;
 }

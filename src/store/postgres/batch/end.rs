@@ -279,7 +279,7 @@ pub(in crate::store::postgres) async fn failed_children(
     limit: i64,
 ) -> Result<Vec<FailedChild>> {
     let rows = sqlx::query(&format!(
-        "SELECT {COLUMNS}, sidecar FROM dockhand_jobs
+        "SELECT {COLUMNS}, item_ref, sidecar FROM dockhand_jobs
          WHERE parent_id = $1 AND status = 'failed' AND id > $2
          ORDER BY id LIMIT $3"
     ))
@@ -292,12 +292,16 @@ pub(in crate::store::postgres) async fn failed_children(
     rows.iter()
         .map(|row| {
             let job = job_from_row(row)?;
+            let item_ref: Option<String> = row
+                .try_get("item_ref")
+                .map_err(Error::db("decode failed child"))?;
             let json: Option<Json<serde_json::Value>> = row
                 .try_get("sidecar")
                 .map_err(Error::db("decode failed child"))?;
             let (sidecar, sidecar_error) = decode_sidecar(json.map(|Json(v)| v));
             Ok(FailedChild {
                 job,
+                item_ref,
                 sidecar,
                 sidecar_error,
             })
