@@ -63,7 +63,7 @@ pub use claims::{CompletionConfig, Descriptor, Identity};
 pub use clock::{Clock, DatabaseClock, OffsetClock, SystemClock, TestClock};
 pub use error::{Error, Result};
 pub use handler::{ActionContext, HandlerError, HandlerResult};
-pub use jobs::api::Jobs;
+pub use jobs::api::{Jobs, StartOptions};
 pub use jobs::pipeline::{Packet, Pipeline, StepContext, StepOutput};
 pub use queue::Queue;
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeHandle};

@@ -121,6 +121,7 @@ impl Engine {
             input_refs: Vec::new(),
             engine_data: json!({ RERUN_OF: parent }),
             step: pipeline.step_action(),
+            idempotency_key: None,
         };
         let created = self
             .store

@@ -126,7 +126,12 @@ pub enum Command {
     Schedules,
     /// Queue statistics: counts by status and by group, past-due count, oldest due lag.
     Stats,
-    /// Delete old finished actions and their logs now (retention, run once).
+    /// Delete old finished actions and jobs now (retention, run once): complete/canceled
+    /// actions and completed/skipped/cancelled jobs past --keep-finished, failed ones past
+    /// --keep-failed, with their logs, lifecycle events and worklist rows; then packets no
+    /// stored job references (unused for an hour). Kept: jobs whose lifecycle event is not yet
+    /// delivered, batch children while their parent is stored, item claims and the
+    /// tracked-items ledger (the record of what was processed).
     Prune(PruneArgs),
     /// Inspect jobs (runs of pipelines): `jobs list`, `jobs show ID`.
     #[command(subcommand)]
@@ -393,10 +398,11 @@ pub struct ListArgs {
 /// Options of `dockhand prune`.
 #[derive(Debug, Args)]
 pub struct PruneArgs {
-    /// Delete complete and canceled actions that finished longer ago than this [default: 7d].
+    /// Delete complete and canceled actions, and completed, completed_no_items, skipped and
+    /// cancelled jobs, that finished longer ago than this [default: 7d].
     #[arg(long, value_name = "DURATION", value_parser = args::parse_duration, allow_hyphen_values = true)]
     pub keep_finished: Option<Duration>,
-    /// Delete failed actions that finished longer ago than this [default: 30d].
+    /// Delete failed actions and jobs that finished longer ago than this [default: 30d].
     #[arg(long, value_name = "DURATION", value_parser = args::parse_duration, allow_hyphen_values = true)]
     pub keep_failed: Option<Duration>,
 }

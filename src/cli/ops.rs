@@ -89,29 +89,38 @@ pub(crate) async fn prune(q: &Queue, a: &PruneArgs, out: Output) -> Result<(), C
         keep_failed,
         ..defaults
     };
-    let batch = config.batch;
     let owner = format!("dockhand-cli:{}", std::process::id());
     let m = Maintenance::new(Arc::clone(q.store()), Arc::clone(q.clock()), config, owner);
     let mut report = MaintenanceReport::default();
     m.prune(&mut report).await?;
+    let more = m.prune_may_have_more(&report);
     let (kf, kx) = (
         format_exact(keep_finished.as_millis().min(i64::MAX as u128) as i64),
         format_exact(keep_failed.as_millis().min(i64::MAX as u128) as i64),
     );
-    let pruned = report.pruned;
     out.emit(
         &json!({
-            "pruned": pruned,
+            "pruned": report.pruned,
+            "jobs_pruned": report.jobs_pruned,
+            "job_events_pruned": report.job_events_pruned,
+            "worklist_rows_pruned": report.worklist_rows_pruned,
+            "packets_pruned": report.packets_pruned,
+            "more_may_remain": more,
             "keep_finished_ms": keep_finished.as_millis() as u64,
             "keep_failed_ms": keep_failed.as_millis() as u64,
         }),
         || {
             let mut text = format!(
-                "deleted {pruned} action(s) with their logs: complete or canceled more than {kf} \
-                 ago, failed more than {kx} ago"
+                "deleted {} action(s) with their logs and {} job(s) with {} event(s) and {} \
+                 worklist row(s): complete/completed or canceled/cancelled more than {kf} ago, \
+                 failed more than {kx} ago\ndeleted {} packet(s) no stored job referenced",
+                report.pruned,
+                report.jobs_pruned,
+                report.job_events_pruned,
+                report.worklist_rows_pruned,
+                report.packets_pruned
             );
-            // The retention task stops after 100 batches per run.
-            if pruned >= 100 * batch.max(1) as u64 {
+            if more {
                 text.push_str("\nmore may remain; run `dockhand prune` again");
             }
             text

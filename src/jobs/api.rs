@@ -13,6 +13,26 @@ use crate::state::JobStatus;
 use serde_json::Value;
 use std::sync::Arc;
 
+/// Longest idempotency key [`Jobs::start_with`] accepts, in bytes.
+pub const MAX_IDEMPOTENCY_KEY: usize = 1024;
+
+/// Options of [`Jobs::start_with`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartOptions {
+    /// Unique among the jobs of the pipeline: a start whose key a stored job holds returns
+    /// that job's id and creates nothing (1 to [`MAX_IDEMPOTENCY_KEY`] bytes, no NUL).
+    pub idempotency_key: Option<String>,
+}
+
+impl StartOptions {
+    /// Options with this idempotency key.
+    pub fn idempotency_key(key: impl Into<String>) -> Self {
+        Self {
+            idempotency_key: Some(key.into()),
+        }
+    }
+}
+
 /// A handle on jobs and item claims. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Jobs {
@@ -37,6 +57,22 @@ impl Jobs {
     /// Starts a run of `pipeline` with `input` as its first step's input packet; returns the
     /// job id. The job is created `pending` together with its first step action.
     pub async fn start(&self, pipeline: &str, input: Value) -> Result<i64> {
+        self.start_with(pipeline, input, &StartOptions::default())
+            .await
+    }
+
+    /// [`Jobs::start`] with options. With an idempotency key, a start whose key is already
+    /// held by a job of the same pipeline creates nothing and returns that job's id, so a start
+    /// retried after a lost acknowledgement (a timeout, a crash before the caller recorded the
+    /// id) cannot run the pipeline twice. The key identifies the job: the input of a repeated
+    /// start is not compared. It holds while the job is stored: once retention deletes the
+    /// final job (`MaintenanceConfig::keep_finished` / `keep_failed`), the key is free again.
+    pub async fn start_with(
+        &self,
+        pipeline: &str,
+        input: Value,
+        options: &StartOptions,
+    ) -> Result<i64> {
         let p = self
             .engine
             .pipelines
@@ -48,6 +84,18 @@ impl Jobs {
                     format!("no pipeline registered as `{pipeline}`"),
                 )
             })?;
+        if let Some(key) = &options.idempotency_key {
+            if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY || key.contains('\0') {
+                return Err(Error::invalid(
+                    "idempotency_key",
+                    format!(
+                        "pipeline `{pipeline}`: the key must be 1 to {MAX_IDEMPOTENCY_KEY} bytes \
+                         without NUL (got {} bytes)",
+                        key.len()
+                    ),
+                ));
+            }
+        }
         let encoded = packets::encode(&input)?;
         let now = self.engine.clock.now();
         self.engine
@@ -62,6 +110,7 @@ impl Jobs {
                     input_refs: vec![encoded.reference],
                     engine_data: serde_json::json!({}),
                     step: p.step_action(),
+                    idempotency_key: options.idempotency_key.clone(),
                 },
                 now,
             )

@@ -91,6 +91,25 @@ pub struct NewJob {
     pub engine_data: Value,
     /// Step action template.
     pub step: StepAction,
+    /// The caller's idempotency key (`Jobs::start_with`): unique among the jobs of the
+    /// pipeline; creating a job whose key is taken creates nothing and returns the id of the
+    /// job that holds it. `None` for jobs without one.
+    pub idempotency_key: Option<String>,
+}
+
+impl NewJob {
+    /// The value the database keeps unique for [`NewJob::idempotency_key`]: sha256 of the
+    /// pipeline and the key (fixed width on every backend, whatever the key's length).
+    pub fn idempotency_hash(&self) -> Option<String> {
+        use sha2::{Digest, Sha256};
+        self.idempotency_key.as_ref().map(|key| {
+            let mut h = Sha256::new();
+            h.update(self.pipeline.as_bytes());
+            h.update([0u8]);
+            h.update(key.as_bytes());
+            crate::claims::hex(&h.finalize())
+        })
+    }
 }
 
 /// Filters for listing jobs.

@@ -8,6 +8,16 @@ use sha2::{Digest, Sha256};
 /// The ref version this build writes and reads.
 pub const REF_VERSION: &str = "v1";
 
+/// Writing a packet that is already stored bumps its `used_at` only when the stored time is
+/// older than this (retention's clock for packets), so a hot packet is not rewritten on every
+/// start.
+pub const USED_AT_GRANULARITY: chrono::Duration = chrono::Duration::minutes(1);
+
+/// Retention never collects a packet written less than this long ago, whatever the cutoffs: a
+/// start or step writes its packets a moment before the job row that references them, and
+/// must not lose them in between.
+pub const MIN_UNUSED_AGE: chrono::Duration = chrono::Duration::hours(1);
+
 /// A packet's canonical text and its ref.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EncodedPacket {

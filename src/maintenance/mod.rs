@@ -28,9 +28,10 @@ pub struct MaintenanceConfig {
     pub schedule_lookahead: std::time::Duration,
     /// Retention interval. Default 60 s.
     pub retention_interval: std::time::Duration,
-    /// Keep complete and canceled actions this long. Default 7 days.
+    /// Keep complete and canceled actions, and completed, completed_no_items, skipped and
+    /// cancelled jobs, this long. Default 7 days.
     pub keep_finished: std::time::Duration,
-    /// Keep failed actions this long. Default 30 days.
+    /// Keep failed actions and jobs this long. Default 30 days.
     pub keep_failed: std::time::Duration,
     /// Rows per retention or reaper batch. Default 1000.
     pub batch: i64,
@@ -51,6 +52,11 @@ impl Default for MaintenanceConfig {
     }
 }
 
+/// Most batches of each kind one retention pass deletes.
+pub const MAX_PRUNE_BATCHES: usize = 100;
+/// A packet batch is this many times the row batch (each reads every stored job's refs).
+const PACKET_BATCH_FACTOR: i64 = 10;
+
 /// What one maintenance pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct MaintenanceReport {
@@ -64,6 +70,15 @@ pub struct MaintenanceReport {
     pub rearmed: u64,
     /// Finished actions deleted.
     pub pruned: u64,
+    /// Final jobs deleted (with [`MaintenanceReport::job_events_pruned`] events and
+    /// [`MaintenanceReport::worklist_rows_pruned`] worklist rows).
+    pub jobs_pruned: u64,
+    /// Lifecycle events of deleted jobs.
+    pub job_events_pruned: u64,
+    /// Leftover worklist rows of deleted batch parents.
+    pub worklist_rows_pruned: u64,
+    /// Packets no stored job or worklist row referenced.
+    pub packets_pruned: u64,
     /// Job lifecycle events delivered from the outbox.
     pub events_delivered: u64,
 }
@@ -227,22 +242,56 @@ impl Maintenance {
         Ok(())
     }
 
-    /// Q11: delete old finished actions and their logs in bounded batches.
+    /// Q11: delete old finished actions and their logs, then final jobs with their events
+    /// and worklist rows, then packets nothing stored references, each in bounded batches
+    /// (one transaction per batch; at most [`MAX_PRUNE_BATCHES`] batches of each per pass).
+    /// Jobs use the actions' cutoffs: completed, completed_no_items, skipped and cancelled
+    /// jobs `keep_finished`, failed ones `keep_failed`. A packet goes once it is unused for
+    /// [`crate::jobs::packets::MIN_UNUSED_AGE`] and unreferenced; each packet batch reads the
+    /// refs of every stored job, so packets go in larger batches, after the jobs.
     pub async fn prune(&self, report: &mut MaintenanceReport) -> Result<()> {
         let now = self.clock.now();
         let cutoffs = PruneCutoffs {
             finished_before: now - dur(self.config.keep_finished),
             failed_before: now - dur(self.config.keep_failed),
-            batch: self.config.batch,
+            batch: self.config.batch.max(1),
         };
-        for _ in 0..100 {
+        for _ in 0..MAX_PRUNE_BATCHES {
             let n = self.store.prune(&cutoffs).await?;
             report.pruned += n;
             if (n as i64) < cutoffs.batch {
                 break;
             }
         }
+        for _ in 0..MAX_PRUNE_BATCHES {
+            let done = self.store.prune_jobs(&cutoffs).await?;
+            report.jobs_pruned += done.jobs;
+            report.job_events_pruned += done.events;
+            report.worklist_rows_pruned += done.worklist_rows;
+            if (done.jobs as i64) < cutoffs.batch {
+                break;
+            }
+        }
+        let unused_before = now - crate::jobs::packets::MIN_UNUSED_AGE;
+        let limit = cutoffs.batch.saturating_mul(PACKET_BATCH_FACTOR);
+        for _ in 0..MAX_PRUNE_BATCHES {
+            let n = self.store.prune_packets(unused_before, limit).await?;
+            report.packets_pruned += n;
+            if (n as i64) < limit {
+                break;
+            }
+        }
         Ok(())
+    }
+
+    /// True when the last [`Maintenance::prune`] stopped at [`MAX_PRUNE_BATCHES`] of some
+    /// kind, so more may remain.
+    pub fn prune_may_have_more(&self, report: &MaintenanceReport) -> bool {
+        let batch = self.config.batch.max(1) as u64;
+        let cap = MAX_PRUNE_BATCHES as u64 * batch;
+        report.pruned >= cap
+            || report.jobs_pruned >= cap
+            || report.packets_pruned >= cap * PACKET_BATCH_FACTOR as u64
     }
 
     pub(crate) async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {

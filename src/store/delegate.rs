@@ -139,6 +139,16 @@ macro_rules! delegate_store {
             async fn prune(&self, cutoffs: &PruneCutoffs) -> Result<u64> {
                 $around!(self, "prune", self.inner.prune(cutoffs))
             }
+            async fn prune_jobs(&self, cutoffs: &PruneCutoffs) -> Result<JobPrune> {
+                $around!(self, "prune_jobs", self.inner.prune_jobs(cutoffs))
+            }
+            async fn prune_packets(&self, used_before: DateTime<Utc>, limit: i64) -> Result<u64> {
+                $around!(
+                    self,
+                    "prune_packets",
+                    self.inner.prune_packets(used_before, limit)
+                )
+            }
             async fn try_maintenance_lease(
                 &self,
                 task: &str,

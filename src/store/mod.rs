@@ -45,7 +45,7 @@ mod types;
 
 pub use types::{
     Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
-    Lease, PruneCutoffs, QueueStats, ReapReport, ThroughputBucket,
+    JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, ThroughputBucket,
 };
 
 /// Every database action the runtime needs. Implemented by [`sqlite::SqliteStore`],
@@ -157,6 +157,21 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes one batch of old finished actions and their logs; returns actions deleted.
     async fn prune(&self, cutoffs: &PruneCutoffs) -> Result<u64>;
+
+    /// Q11: deletes one batch (at most `cutoffs.batch`) of final jobs that finished before
+    /// their status's cutoff (completed, completed_no_items, skipped and cancelled:
+    /// `finished_before`; failed: `failed_before`), with their lifecycle events and worklist
+    /// rows, in one transaction. Kept: a job with an undelivered lifecycle event (J5 delivers it
+    /// first), and a batch child whose parent is still stored (the parent's counters count it;
+    /// once the parent is deleted its children follow in later batches). Item claims and the
+    /// tracked-items ledger are not touched: they are the record of what was processed.
+    async fn prune_jobs(&self, cutoffs: &PruneCutoffs) -> Result<JobPrune>;
+
+    /// Q11/B8: deletes at most `limit` packets last written before `used_before` that no
+    /// stored job (its input refs or worklist packet) and no worklist row references; returns
+    /// how many. The reference check and the delete are one statement, so a packet a start or
+    /// step writes again (which bumps its time) is never deleted from under it.
+    async fn prune_packets(&self, used_before: DateTime<Utc>, limit: i64) -> Result<u64>;
 
     /// Takes (or renews) the cluster-wide lease of a maintenance task until `until`; false
     /// while another owner holds it.

@@ -210,6 +210,17 @@ pub struct PruneCutoffs {
     pub batch: i64,
 }
 
+/// What one batch of job retention deleted ([`crate::Store::prune_jobs`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct JobPrune {
+    /// Final jobs deleted.
+    pub jobs: u64,
+    /// Their lifecycle events (delivered ones only: a job with an undelivered event is kept).
+    pub events: u64,
+    /// Worklist rows of deleted batch parents (finalize deletes them; these are leftovers).
+    pub worklist_rows: u64,
+}
+
 /// Queue statistics (`dockhand stats`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct QueueStats {

@@ -78,6 +78,11 @@ conformance!(
     regression_stale_chunk_run_leases_and_settles_nothing,
     regression_split_redelivered_after_its_fan_out_does_not_fail_the_job,
     batch_rerun_runs_only_failed_children_with_their_items_claimed,
+    // Idempotent starts, job and packet retention
+    jobs_start_with_idempotency_key_returns_the_existing_job,
+    jobs_concurrent_starts_with_one_key_make_one_job,
+    retention_prunes_final_jobs_with_events_and_unreferenced_packets,
+    retention_keeps_children_while_their_parent_is_stored,
     batch_rerun_is_refused_with_the_reason,
     batch_rerun_leaves_out_held_items_and_survives_a_lost_claim_ack,
     batch_rerun_twice_at_once_starts_one,

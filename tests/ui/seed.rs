@@ -138,6 +138,7 @@ pub async fn job(f: &Fixture, pipeline: &str) -> i64 {
         input_refs: vec![],
         engine_data: json!({}),
         step: step(),
+        idempotency_key: None,
     };
     f.store.create_job(&job, t0()).await.expect("create job")
 }

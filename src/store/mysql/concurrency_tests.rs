@@ -162,6 +162,7 @@ async fn parent_with_worklist(store: &MySqlStore, n: usize) -> i64 {
         input_refs: Vec::new(),
         engine_data: json!({}),
         step: step(),
+        idempotency_key: None,
     };
     let parent = store.create_job(&job, t0()).await.unwrap();
     assert!(store.start_step(parent, 0, t0()).await.unwrap().is_some());

@@ -127,22 +127,50 @@ pub(super) async fn create_job_marking(
     let data = serde_json::to_string(&job.engine_data)
         .map_err(|e| Error::invalid("engine_data", e.to_string()))?;
     let (refs, data) = (refs.as_str(), data.as_str());
+    let idempotency = job.idempotency_hash();
+    let idempotency = idempotency.as_deref();
     let (id, due) = retry_deadlocks(op, move || async move {
         let mut tx = store.begin(op).await?;
-        let done = sqlx::query(
+        if let Some(hash) = idempotency {
+            if let Some(id) = job_holding(&mut tx, hash).await? {
+                tx.rollback().await.map_err(Error::db(op))?;
+                return Ok((Some(id), false));
+            }
+        }
+        let inserted = sqlx::query(
             "INSERT INTO dockhand_jobs
                 (pipeline, status, step_index, input_refs, engine_data, engine_version,
-                 created_at, updated_at)
-             VALUES (?, 'pending', 0, ?, ?, 0, ?, ?)",
+                 created_at, updated_at, idempotency_key, idempotency_hash)
+             VALUES (?, 'pending', 0, ?, ?, 0, ?, ?, ?, ?)",
         )
         .bind(&job.pipeline)
         .bind(refs)
         .bind(data)
         .bind(ms(now))
         .bind(ms(now))
+        .bind(&job.idempotency_key)
+        .bind(idempotency)
         .execute(&mut *tx)
-        .await
-        .map_err(Error::db(op))?;
+        .await;
+        let done = match (inserted, idempotency) {
+            // A concurrent start of the same key committed between the read and the insert
+            // (READ COMMITTED takes no gap lock): return its job.
+            (Err(sqlx::Error::Database(db)), Some(hash)) if db.is_unique_violation() => {
+                let held = job_holding(&mut tx, hash).await?;
+                tx.rollback().await.map_err(Error::db(op))?;
+                return held.map(|id| (Some(id), false)).ok_or_else(|| {
+                    Error::invalid(
+                        "idempotency_key",
+                        format!(
+                            "pipeline `{}`: the key's job was deleted while this start ran; \
+                             start again",
+                            job.pipeline
+                        ),
+                    )
+                });
+            }
+            (r, _) => r.map_err(Error::db(op))?,
+        };
         let id = inserted_id(done.last_insert_id(), op)?;
         if let Some((parent, version, data)) = mark {
             let marked = serde_json::to_string(&mark_rerun_by(data, id))
@@ -171,6 +199,18 @@ pub(super) async fn create_job_marking(
         store.wake.notify();
     }
     Ok(id)
+}
+
+/// The job holding idempotency hash `hash`, if one is stored.
+async fn job_holding(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    hash: &str,
+) -> Result<Option<i64>> {
+    sqlx::query_scalar("SELECT id FROM dockhand_jobs WHERE idempotency_hash = ?")
+        .bind(hash)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(Error::db("create_job (idempotency key)"))
 }
 
 /// The id `LAST_INSERT_ID()` reported for a single-row insert.
@@ -491,12 +531,16 @@ pub(super) async fn put_packets(
         let mut tx = store.begin(op).await?;
         for p in sorted {
             sqlx::query(
-                "INSERT INTO dockhand_packets (hash, body, created_at) VALUES (?, ?, ?)
-                 ON DUPLICATE KEY UPDATE hash = hash",
+                "INSERT INTO dockhand_packets (hash, body, created_at, used_at)
+                 VALUES (?, ?, ?, ?)
+                 ON DUPLICATE KEY UPDATE used_at =
+                     IF(used_at < VALUES(used_at) - ?, VALUES(used_at), used_at)",
             )
             .bind(&p.hash)
             .bind(&p.body)
             .bind(ms(now))
+            .bind(ms(now))
+            .bind(crate::jobs::packets::USED_AT_GRANULARITY.num_milliseconds())
             .execute(&mut *tx)
             .await
             .map_err(Error::db(op))?;

@@ -34,6 +34,7 @@ pub mod ledger;
 mod maintenance;
 mod query;
 mod recovery;
+mod retention;
 mod schedule;
 mod ui;
 mod views;
@@ -43,7 +44,7 @@ pub(crate) use connect::{from_ms, ms, opt_text, retry_deadlocks, text};
 
 use super::{
     Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
-    Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket, Wakeup,
+    JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket, Wakeup,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
@@ -217,6 +218,14 @@ impl Store for MySqlStore {
 
     async fn prune(&self, cutoffs: &PruneCutoffs) -> Result<u64> {
         maintenance::prune(self, cutoffs).await
+    }
+
+    async fn prune_jobs(&self, cutoffs: &PruneCutoffs) -> Result<JobPrune> {
+        retention::prune_jobs(self, cutoffs).await
+    }
+
+    async fn prune_packets(&self, used_before: DateTime<Utc>, limit: i64) -> Result<u64> {
+        retention::prune_packets(self, used_before, limit).await
     }
 
     async fn try_maintenance_lease(

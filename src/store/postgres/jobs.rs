@@ -67,21 +67,45 @@ pub(super) async fn create_job_marking(
     mark: Option<(i64, i64, &Value)>,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
+    let idempotency = job.idempotency_hash();
     let mut tx = store.begin("create_job").await?;
-    let id: i64 = sqlx::query_scalar(
+    // A key held by a committed job: nothing inserted (ON CONFLICT waits for a concurrent
+    // insert of the same key to commit or roll back), and the holder is read below.
+    let inserted: Option<i64> = sqlx::query_scalar(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version, created_at,
-             updated_at)
-         VALUES ($1, 'pending', 0, $2, $3, 0, $4, $4)
+             updated_at, idempotency_key, idempotency_hash)
+         VALUES ($1, 'pending', 0, $2, $3, 0, $4, $4, $5, $6)
+         ON CONFLICT (idempotency_hash) WHERE idempotency_hash IS NOT NULL DO NOTHING
          RETURNING id",
     )
     .bind(&job.pipeline)
     .bind(Json(&job.input_refs))
     .bind(Json(&job.engine_data))
     .bind(ts(now))
-    .fetch_one(&mut *tx)
+    .bind(&job.idempotency_key)
+    .bind(&idempotency)
+    .fetch_optional(&mut *tx)
     .await
     .map_err(Error::db("create_job"))?;
+    let Some(id) = inserted else {
+        let held: Option<i64> =
+            sqlx::query_scalar("SELECT id FROM dockhand_jobs WHERE idempotency_hash = $1")
+                .bind(&idempotency)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(Error::db("create_job (idempotency key)"))?;
+        tx.rollback().await.map_err(Error::db("create_job"))?;
+        return held.map(Some).ok_or_else(|| {
+            Error::invalid(
+                "idempotency_key",
+                format!(
+                    "pipeline `{}`: the key's job was deleted while this start ran; start again",
+                    job.pipeline
+                ),
+            )
+        });
+    };
     if let Some((parent, version, data)) = mark {
         let swapped = sqlx::query(
             "UPDATE dockhand_jobs SET engine_data = $1, engine_version = engine_version + 1
@@ -359,16 +383,22 @@ pub(super) async fn put_packets(
     if packets.is_empty() {
         return Ok(());
     }
-    let hashes: Vec<&str> = packets.iter().map(|p| p.hash.as_str()).collect();
-    let bodies: Vec<&str> = packets.iter().map(|p| p.body.as_str()).collect();
+    // One row per hash: ON CONFLICT DO UPDATE may not touch a row twice in one statement.
+    let mut unique: Vec<&EncodedPacket> = packets.iter().collect();
+    unique.sort_by(|a, b| a.hash.cmp(&b.hash));
+    unique.dedup_by(|a, b| a.hash == b.hash);
+    let hashes: Vec<&str> = unique.iter().map(|p| p.hash.as_str()).collect();
+    let bodies: Vec<&str> = unique.iter().map(|p| p.body.as_str()).collect();
     sqlx::query(
-        "INSERT INTO dockhand_packets (hash, body, created_at)
-         SELECT t.hash, t.body, $3 FROM UNNEST($1::text[], $2::text[]) AS t(hash, body)
-         ON CONFLICT (hash) DO NOTHING",
+        "INSERT INTO dockhand_packets (hash, body, created_at, used_at)
+         SELECT t.hash, t.body, $3, $3 FROM UNNEST($1::text[], $2::text[]) AS t(hash, body)
+         ON CONFLICT (hash) DO UPDATE SET used_at = EXCLUDED.used_at
+         WHERE dockhand_packets.used_at < EXCLUDED.used_at - $4::interval",
     )
     .bind(hashes)
     .bind(bodies)
     .bind(ts(now))
+    .bind(crate::jobs::packets::USED_AT_GRANULARITY)
     .execute(&store.pool)
     .await
     .map_err(Error::db("put_packets"))?;

@@ -38,6 +38,7 @@ pub(super) async fn new_job(store: &SqliteStore) -> i64 {
         input_refs: vec![],
         engine_data: json!({}),
         step: step(),
+        idempotency_key: None,
     };
     store.create_job(&job, t0()).await.unwrap()
 }

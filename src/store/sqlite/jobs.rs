@@ -101,12 +101,27 @@ pub(super) async fn create_job_marking(
     let refs = refs_json(&job.input_refs)?;
     let data = serde_json::to_string(&job.engine_data)
         .map_err(|e| Error::invalid("engine_data", e.to_string()))?;
+    let idempotency = job.idempotency_hash();
     let mut tx = store.begin_write("create_job").await?;
+    if let Some(hash) = &idempotency {
+        // One writer at a time (BEGIN IMMEDIATE): nobody can insert the key between this read
+        // and the insert below.
+        let held: Option<i64> =
+            sqlx::query_scalar("SELECT id FROM dockhand_jobs WHERE idempotency_hash = ?")
+                .bind(hash)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(Error::db("create_job (idempotency key)"))?;
+        if let Some(id) = held {
+            tx.rollback().await.map_err(Error::db("create_job"))?;
+            return Ok(Some(id));
+        }
+    }
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version,
-             created_at, updated_at)
-         VALUES (?, 'pending', 0, ?, ?, 0, ?, ?)
+             created_at, updated_at, idempotency_key, idempotency_hash)
+         VALUES (?, 'pending', 0, ?, ?, 0, ?, ?, ?, ?)
          RETURNING id",
     )
     .bind(&job.pipeline)
@@ -114,6 +129,8 @@ pub(super) async fn create_job_marking(
     .bind(data)
     .bind(ms(now))
     .bind(ms(now))
+    .bind(&job.idempotency_key)
+    .bind(&idempotency)
     .fetch_one(&mut *tx)
     .await
     .map_err(Error::db("create_job"))?;
@@ -411,12 +428,14 @@ pub(super) async fn put_packets(
     let mut tx = store.begin_write("put_packets").await?;
     for p in packets {
         sqlx::query(
-            "INSERT INTO dockhand_packets (hash, body, created_at) VALUES (?, ?, ?)
-             ON CONFLICT (hash) DO NOTHING",
+            "INSERT INTO dockhand_packets (hash, body, created_at, used_at) VALUES (?1, ?2, ?3, ?3)
+             ON CONFLICT (hash) DO UPDATE SET used_at = excluded.used_at
+             WHERE dockhand_packets.used_at < excluded.used_at - ?4",
         )
         .bind(&p.hash)
         .bind(&p.body)
         .bind(ms(now))
+        .bind(crate::jobs::packets::USED_AT_GRANULARITY.num_milliseconds())
         .execute(&mut *tx)
         .await
         .map_err(Error::db("put_packets"))?;

@@ -36,6 +36,7 @@ mod query;
 mod recovery;
 #[cfg(test)]
 mod recovery_tests;
+mod retention;
 mod schedule;
 #[cfg(test)]
 mod tests;
@@ -46,7 +47,7 @@ pub(crate) use connect::{from_ms, ms};
 
 use super::{
     Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
-    Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket, Wakeup,
+    JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket, Wakeup,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
@@ -224,6 +225,14 @@ impl Store for SqliteStore {
 
     async fn prune(&self, cutoffs: &PruneCutoffs) -> Result<u64> {
         maintenance::prune(self, cutoffs).await
+    }
+
+    async fn prune_jobs(&self, cutoffs: &PruneCutoffs) -> Result<JobPrune> {
+        retention::prune_jobs(self, cutoffs).await
+    }
+
+    async fn prune_packets(&self, used_before: DateTime<Utc>, limit: i64) -> Result<u64> {
+        retention::prune_packets(self, used_before, limit).await
     }
 
     async fn try_maintenance_lease(

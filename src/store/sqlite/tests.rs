@@ -65,6 +65,7 @@ async fn new_job(store: &SqliteStore) -> i64 {
         input_refs: vec![],
         engine_data: json!({"n": 0}),
         step: step(),
+        idempotency_key: None,
     };
     store.create_job(&job, t0()).await.unwrap()
 }

@@ -119,6 +119,7 @@ pub async fn ops_job_pages_and_a_jobs_own_actions(db: TestDb) {
             input_refs: vec![],
             engine_data: json!({}),
             step: step(),
+            idempotency_key: None,
         };
         ids.push(db.store.create_job(&job, now).await.unwrap());
     }

@@ -185,6 +185,7 @@ async fn job_steps_engine_data_and_packets() {
                 input_refs: vec!["v1:abc".into()],
                 engine_data: json!({"cursor": 1}),
                 step: step(),
+                idempotency_key: None,
             },
             now,
         )

@@ -93,6 +93,7 @@ pub(super) async fn new_job(s: &PgStore) -> i64 {
         input_refs: vec![],
         engine_data: json!({}),
         step: step(),
+        idempotency_key: None,
     };
     s.create_job(&job, t0()).await.unwrap()
 }
