@@ -4,7 +4,10 @@
 //!
 //! It does not migrate (index builds on big tables are the operator's call: `dockhand
 //! migrate`). It refuses to listen on a non-loopback address without credentials, and warns
-//! that basic auth over plain HTTP needs a TLS proxy in front.
+//! that basic auth over plain HTTP needs a TLS proxy in front. Without credentials it answers
+//! only to the loopback names and its bound address with its port, and to `--allowed-host`
+//! names (DNS rebinding; [`crate::ui::HostCheck`]). `--base-path` and `--allowed-host` are
+//! checked when the command line is read.
 
 use super::output::{CliError, Output};
 use clap::Args;
@@ -37,6 +40,21 @@ pub fn parse_user_pass(text: &str) -> Result<UserPass, String> {
     }
 }
 
+/// Checks `--base-path` ([`crate::ui::validate_base_path`] with the `ui` feature).
+fn parse_base_path(text: &str) -> Result<String, String> {
+    #[cfg(feature = "ui")]
+    crate::ui::check_base_path(text)?;
+    Ok(text.to_string())
+}
+
+/// Checks an `--allowed-host` (`NAME` or `NAME:PORT`; [`crate::ui::validate_allowed_host`]
+/// with the `ui` feature).
+fn parse_allowed_host(text: &str) -> Result<String, String> {
+    #[cfg(feature = "ui")]
+    crate::ui::validate_allowed_host(text)?;
+    Ok(text.to_string())
+}
+
 /// Options of `dockhand ui`.
 #[derive(Debug, Args)]
 pub struct UiArgs {
@@ -47,9 +65,17 @@ pub struct UiArgs {
     /// 403.
     #[arg(long)]
     pub read_only: bool,
-    /// Serve the pages under this path, e.g. /queue (behind a proxy that keeps the prefix).
-    #[arg(long, value_name = "PATH", default_value = "/")]
+    /// Serve the pages under this path, e.g. /queue (behind a proxy that keeps the prefix):
+    /// `/` and segments of letters, digits, - _ . ~ (no empty, `.` or `..` segment).
+    #[arg(long, value_name = "PATH", default_value = "/", value_parser = parse_base_path)]
     pub base_path: String,
+    /// Also answer to this Host name, for a deliberate reverse-proxy setup: NAME (any port) or
+    /// NAME:PORT. Repeatable. Without credentials the dashboard answers only to localhost,
+    /// 127.0.0.1, [::1] and the bound address, with the bound port, and refuses any other
+    /// Host with 421 (DNS rebinding: a web page whose name is pointed at this address would
+    /// otherwise reach it); giving this flag checks Host with credentials too.
+    #[arg(long = "allowed-host", value_name = "NAME[:PORT]", value_parser = parse_allowed_host)]
+    pub allowed_hosts: Vec<String>,
     /// Operator credentials for HTTP basic auth (full access). Without any credentials,
     /// everyone who reaches a loopback address is an operator.
     #[arg(long, value_name = "USER:PASS", env = "DOCKHAND_UI_AUTH", hide_env_values = true,
@@ -80,11 +106,31 @@ impl UiArgs {
         Ok(())
     }
 
-    /// The dashboard configuration these options give: operators are the `--auth` user, or
-    /// everyone when no credentials are given (loopback only, see [`UiArgs::check`]);
-    /// `--read-only` caps everyone at read-only.
+    /// The `Host` names the dashboard served on `bound` answers to: the loopback names and
+    /// the bound address, each with the bound port, then the `--allowed-host` names.
+    pub fn allowed_hosts(&self, bound: SocketAddr) -> Vec<String> {
+        let port = bound.port();
+        let mut names: Vec<String> = ["localhost", "127.0.0.1", "[::1]"]
+            .iter()
+            .map(|n| format!("{n}:{port}"))
+            .collect();
+        if !bound.ip().is_unspecified() {
+            let own = bound.to_string();
+            if !names.contains(&own) {
+                names.push(own);
+            }
+        }
+        names.extend(self.allowed_hosts.iter().cloned());
+        names
+    }
+
+    /// The dashboard configuration these options give, served on `bound` (the address the
+    /// listener got): operators are the `--auth` user, or everyone when no credentials are
+    /// given (loopback only, see [`UiArgs::check`]); `--read-only` caps everyone at
+    /// read-only. `Host` is checked without credentials, or always once `--allowed-host` is
+    /// given, against [`UiArgs::allowed_hosts`].
     #[cfg(feature = "ui")]
-    pub fn config(&self) -> crate::ui::UiConfig {
+    pub fn config(&self, bound: SocketAddr) -> crate::ui::UiConfig {
         let pair = |c: &Option<UserPass>| c.as_ref().map(|c| (c.user.clone(), c.password.clone()));
         crate::ui::UiConfig {
             base_path: self.base_path.clone(),
@@ -95,6 +141,12 @@ impl UiArgs {
             },
             basic_auth: pair(&self.auth),
             read_only_auth: pair(&self.read_only_auth),
+            host_check: if self.allowed_hosts.is_empty() {
+                crate::ui::HostCheck::WithoutCredentials
+            } else {
+                crate::ui::HostCheck::Always
+            },
+            allowed_hosts: self.allowed_hosts(bound),
             ..crate::ui::UiConfig::default()
         }
     }
@@ -119,9 +171,7 @@ pub(crate) async fn run(url: &str, a: &UiArgs, out: Output) -> Result<(), CliErr
 async fn serve(url: &str, a: &UiArgs, out: Output) -> Result<(), CliError> {
     use std::sync::Arc;
     a.check()?;
-    let cfg = a.config();
-    let base = cfg.base()?;
-    let access = cfg.access;
+    let base = crate::ui::validate_base_path(&a.base_path)?;
     let store = crate::store::connect(url).await?;
     let version = store.schema_version().await?;
     if version < crate::ui::SCHEMA_VERSION {
@@ -134,28 +184,38 @@ async fn serve(url: &str, a: &UiArgs, out: Output) -> Result<(), CliError> {
             crate::ui::SCHEMA_VERSION
         )));
     }
-    let ui = crate::ui::try_router(Arc::clone(&store), cfg)?;
-    let app = if base.is_empty() {
-        ui
-    } else {
-        axum::Router::new().nest(&base, ui)
-    };
     let listener = tokio::net::TcpListener::bind(a.bind).await?;
     let addr = listener.local_addr()?;
+    let cfg = a.config(addr);
+    let access = cfg.access;
+    let checks_host = match cfg.host_check {
+        crate::ui::HostCheck::Always => true,
+        crate::ui::HostCheck::WithoutCredentials => !a.has_auth(),
+        crate::ui::HostCheck::Never => false,
+    };
+    let hosts = cfg.allowed_hosts.join(", ");
+    let app = crate::ui::standalone_router(Arc::clone(&store), cfg)?;
     if a.has_auth() {
         eprintln!(
             "warning: basic auth over plain HTTP sends the password in the clear; serve the \
              dashboard behind a TLS proxy"
         );
     }
+    // The overview is `{base}` itself (`/queue/` is outside the nested routes).
+    let home = if base.is_empty() { "/" } else { base.as_str() };
     eprintln!(
-        "dockhand dashboard on http://{addr}{base}/ (database {}; {} access); stop with Ctrl-C \
-         or SIGTERM",
+        "dockhand dashboard on http://{addr}{home} (database {}; {} access{}); stop with \
+         Ctrl-C or SIGTERM",
         crate::store::redact_url(url),
         if a.has_auth() {
             "per credentials"
         } else {
             access.as_str()
+        },
+        if checks_host {
+            format!("; answers to Host {hosts}")
+        } else {
+            String::new()
         }
     );
     let served = axum::serve(

@@ -1,12 +1,18 @@
 //! The middleware every request passes, outermost first:
 //! 1. [`security_headers`]: CSP, `nosniff`, `Referrer-Policy`, `Vary: HX-Request`, and
-//!    `Cache-Control: no-store` on HTML;
-//! 2. [`authenticate`]: the [`Access`] and [`UiUser`] of the caller (a host's own layer may
+//!    `Cache-Control: no-store` on HTML, on every response, refusals included;
+//! 2. `host::check`: the `Host` check against DNS rebinding (421, one plain line);
+//! 3. [`authenticate`]: the [`Access`] and [`UiUser`] of the caller (a host's own layer may
 //!    have set them; then they win), or 401 when credentials are configured and missing;
-//! 3. [`guard`]: the CSRF cookie (set when missing) and, on every non-GET request, the checks:
-//!    operator access, not cross-site, `Origin` host equals `Host`, a valid CSRF token.
+//! 4. [`guard`]: the CSRF cookie (set when missing) and, on every non-GET request, the checks:
+//!    operator access, not cross-site, `Origin` host equals `Host`, a valid CSRF token;
+//! 5. [`error_pages`]: any error response not rendered by the dashboard (axum's extractor
+//!    rejections, 405) becomes the dashboard's error page.
+//!
+//! The refusals of 3 and 4 are the dashboard's error page too.
 
-use super::router::AppState;
+use super::pages::layout;
+use super::router::{AppState, Ctx};
 use super::{csrf, Access, UiUser};
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -21,6 +27,9 @@ pub(crate) const CSP: &str =
 
 /// Largest form body read to find the CSRF field.
 const MAX_FORM_BYTES: usize = 1024 * 1024;
+
+/// Largest error body of axum's (a rejection's text) shown on the error page.
+const MAX_ERROR_BYTES: usize = 4096;
 
 /// The CSRF cookie in force for this request (the one sent, or the one being set).
 #[derive(Debug, Clone)]
@@ -72,7 +81,10 @@ pub(crate) async fn authenticate(
                     req.extensions_mut().insert(access);
                     req.extensions_mut().insert(UiUser(user));
                 }
-                None => return unauthorized(),
+                None => {
+                    let ctx = Ctx::of(req.headers(), req.extensions(), &st);
+                    return unauthorized(&ctx);
+                }
             }
         } else {
             req.extensions_mut().insert(st.cfg.access);
@@ -89,20 +101,24 @@ pub(crate) async fn authenticate(
     next.run(req).await
 }
 
-fn unauthorized() -> Response {
+fn unauthorized(ctx: &Ctx) -> Response {
     (
         StatusCode::UNAUTHORIZED,
         [(
             header::WWW_AUTHENTICATE,
             "Basic realm=\"dockhand\", charset=\"UTF-8\"",
         )],
-        "authentication required\n",
+        layout::error_page(ctx, StatusCode::UNAUTHORIZED, "authentication required"),
     )
         .into_response()
 }
 
-fn forbidden(why: &'static str) -> Response {
-    (StatusCode::FORBIDDEN, format!("forbidden: {why}\n")).into_response()
+fn forbidden(ctx: &Ctx, why: &'static str) -> Response {
+    (
+        StatusCode::FORBIDDEN,
+        layout::error_page(ctx, StatusCode::FORBIDDEN, &format!("forbidden: {why}")),
+    )
+        .into_response()
 }
 
 fn header_str(h: &HeaderMap, name: impl header::AsHeaderName) -> Option<&str> {
@@ -120,9 +136,10 @@ pub(crate) async fn guard(State(st): State<AppState>, req: Request, next: Next) 
     let mut req = if matches!(*req.method(), Method::GET | Method::HEAD) {
         req
     } else {
+        let ctx = Ctx::of(req.headers(), req.extensions(), &st);
         match check_write(&st, req, &cookie, fresh).await {
             Ok(req) => req,
-            Err(resp) => return resp,
+            Err(why) => return forbidden(&ctx, why),
         }
     };
     req.extensions_mut().insert(CsrfCookie(cookie.clone()));
@@ -136,16 +153,16 @@ pub(crate) async fn guard(State(st): State<AppState>, req: Request, next: Next) 
 }
 
 /// The checks of a request that may write; gives the request back (its body re-assembled
-/// when it was read for the form field) or the 403.
+/// when it was read for the form field) or why it is forbidden.
 async fn check_write(
     st: &AppState,
     req: Request,
     cookie: &str,
     fresh: bool,
-) -> Result<Request, Response> {
+) -> Result<Request, &'static str> {
     let access = req.extensions().get::<Access>().copied();
     if access != Some(Access::Operator) {
-        return Err(forbidden("read-only access"));
+        return Err("read-only access");
     }
     let h = req.headers();
     let cross_site = h.get_all("sec-fetch-site").iter().any(|v| {
@@ -153,7 +170,7 @@ async fn check_write(
             .map_or(true, |s| s.eq_ignore_ascii_case("cross-site"))
     });
     if cross_site {
-        return Err(forbidden("cross-site request"));
+        return Err("cross-site request");
     }
     // A plain form POST from a page served with `Referrer-Policy: no-referrer` carries
     // `Origin: null` (Fetch, "serializing a request origin"); the token still has to match.
@@ -165,11 +182,11 @@ async fn check_write(
         }
         let origin_host = origin.split_once("://").map_or(origin, |(_, rest)| rest);
         if !origin_host.eq_ignore_ascii_case(host) {
-            return Err(forbidden("Origin does not match Host"));
+            return Err("Origin does not match Host");
         }
     }
     if fresh {
-        return Err(forbidden("missing CSRF cookie; reload the page"));
+        return Err("missing CSRF cookie; reload the page");
     }
     let user = req
         .extensions()
@@ -180,23 +197,53 @@ async fn check_write(
         return if csrf::verify(&st.csrf_key, cookie, &user, token) {
             Ok(req)
         } else {
-            Err(forbidden("bad CSRF token"))
+            Err("bad CSRF token")
         };
     }
     let form = header_str(h, header::CONTENT_TYPE)
         .is_some_and(|c| c.starts_with("application/x-www-form-urlencoded"));
     if !form {
-        return Err(forbidden("missing CSRF token"));
+        return Err("missing CSRF token");
     }
     let (parts, body) = req.into_parts();
     let bytes = axum::body::to_bytes(body, MAX_FORM_BYTES)
         .await
-        .map_err(|_| forbidden("form body too large"))?;
+        .map_err(|_| "form body too large")?;
     let token = form_field(&bytes, csrf::FIELD);
     if !token.is_some_and(|t| csrf::verify(&st.csrf_key, cookie, &user, t)) {
-        return Err(forbidden("bad or missing CSRF token"));
+        return Err("bad or missing CSRF token");
     }
     Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+/// Turns an error response the dashboard did not render (not HTML: axum's extractor
+/// rejections such as a non-integer id in a typed path, a 405) into its error page, with the
+/// same status and headers and the rejection's text as the message.
+pub(crate) async fn error_pages(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let ctx = Ctx::of(req.headers(), req.extensions(), &st);
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let html = header_str(resp.headers(), header::CONTENT_TYPE)
+        .is_some_and(|v| v.starts_with("text/html"));
+    if html || !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, MAX_ERROR_BYTES)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    let (page, body) = layout::error_page(&ctx, status, &message).into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    for (name, value) in &page.headers {
+        parts.headers.insert(name, value.clone());
+    }
+    Response::from_parts(parts, body)
 }
 
 /// The raw value of a form field. The CSRF token is base64url, which form encoding leaves as

@@ -4,7 +4,7 @@
 //! ```no_run
 //! # async fn demo(runtime: dockhand::Runtime) -> Result<(), Box<dyn std::error::Error>> {
 //! use dockhand::store::postgres::PgStore;
-//! use dockhand::ui::{router, Access, UiConfig};
+//! use dockhand::ui::{router, Access, UiConfig, LOOPBACK_NAMES};
 //!
 //! // Give the dashboard its own small pool, so a slow page never holds the workers' connections.
 //! let options: sqlx::postgres::PgConnectOptions = "postgres://app@db/queue".parse()?;
@@ -15,6 +15,10 @@
 //!         base_path: "/queue".into(),
 //!         access: Access::Operator,     // or set an `Access` request extension in your auth layer
 //!         jobs: Some(runtime.jobs()),   // step names in the job stepper
+//!         // Without basic auth here the router answers only to these `Host` names (DNS
+//!         // rebinding); list the names your users reach it by (see `UiConfig::host_check`).
+//!         allowed_hosts: ["ops.example.com"].into_iter().chain(LOOPBACK_NAMES)
+//!             .map(String::from).collect(),
 //!         ..UiConfig::default()
 //!     }),
 //! );
@@ -22,10 +26,13 @@
 //! ```
 //!
 //! Module map:
-//! - this module: [`UiConfig`], [`Access`], [`UiUser`] and [`router`];
+//! - this module: [`UiConfig`], [`Access`], [`UiUser`], [`HostCheck`], [`validate_base_path`]
+//!   and the routers ([`router`], [`standalone_router`]);
 //! - `router`: the routes, the shared `AppState`, the request context every page gets
 //!   (`Ctx`: access, user, CSRF token, timezone, theme, `HX-Request`) and the POST handlers;
-//! - `layers`: the middleware (security headers, authentication, read-only, CSRF);
+//! - `layers`: the middleware (security headers, authentication, read-only, CSRF, the
+//!   dashboard's error page on every error response);
+//! - `host`: the `Host` check against DNS rebinding;
 //! - `auth`: HTTP basic credentials, compared in constant time on their SHA-256;
 //! - `csrf`: the signed double-submit cookie (`dh_csrf`) and its token;
 //! - `assets`: the vendored htmx 2.0.11 (0BSD, LICENSE alongside), app.css and app.js, all
@@ -33,23 +40,27 @@
 //! - `pages`: one module per page (`overview`, `action`, `schedules`), the shared `layout`
 //!   (navigation, time formatting, buttons) and `chart` (the inline SVG throughput chart).
 //!
-//! Security (docs/dashboard_plan.md §3): every response carries a strict
-//! Content-Security-Policy (no inline script or style anywhere), `nosniff` and
-//! `Referrer-Policy: no-referrer`; HTML is `no-store`. Every non-GET request needs
-//! [`Access::Operator`] and a valid CSRF token, and is refused when the browser says it is
-//! cross-site. Every operator POST writes one `tracing` event with target
-//! [`crate::telemetry::UI_AUDIT_TARGET`].
+//! Security (docs/dashboard_plan.md §3): without basic-auth credentials (by default; see
+//! [`HostCheck`]) a request whose `Host` is not an allowed name gets 421 and one plain line
+//! before anything else runs. Every response carries a strict Content-Security-Policy (no
+//! inline script or style anywhere), `nosniff` and `Referrer-Policy: no-referrer`; HTML is
+//! `no-store`; every other error (401, 403, extractor rejections, unknown paths) is the
+//! dashboard's error page. Every non-GET request needs [`Access::Operator`] and a valid CSRF
+//! token, and is refused when the browser says it is cross-site. Every operator POST writes
+//! one `tracing` event with target [`crate::telemetry::UI_AUDIT_TARGET`].
 
 mod assets;
 mod auth;
 mod cache;
 mod csrf;
+mod host;
 mod layers;
 mod pages;
 mod params;
 mod router;
 
-pub use router::{router, try_router};
+pub use host::{validate_allowed_host, LOOPBACK_NAMES};
+pub use router::{router, standalone_router, try_router};
 
 /// The schema migration the dashboard's queries need (0005: one index per list order; 0006:
 /// group pauses; 0007: the children's sidecars a batch re-run claims again); `dockhand ui`
@@ -78,6 +89,33 @@ impl Access {
             Access::Operator => "operator",
         }
     }
+}
+
+/// When the dashboard checks the `Host` header against [`UiConfig::allowed_hosts`], its
+/// defence against DNS rebinding: a web page whose name an attacker re-points at the
+/// dashboard's address reaches it with the browser's full trust but with the attacker's name in
+/// `Host`. A request whose `Host` is not allowed gets `421 Misdirected Request` and one line
+/// saying why, before any handler runs.
+///
+/// Rebinding can only abuse access that the browser does not have to prove with a credential
+/// bound to the dashboard's own origin: access by network position (loopback without
+/// credentials, an auth layer that trusts source addresses). HTTP basic auth configured here is
+/// such a credential (the browser never sends it to the attacker's name), which is why the
+/// default checks only without it. An [`Access`] extension set by the host's own auth layer is
+/// **not** counted as a credential: the router cannot tell whether that layer checked one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HostCheck {
+    /// Check `Host` when neither [`UiConfig::basic_auth`] nor [`UiConfig::read_only_auth`] is
+    /// set (the default, and what `dockhand ui` does without `--allowed-host`).
+    #[default]
+    WithoutCredentials,
+    /// Check `Host` on every request, whatever the credentials.
+    Always,
+    /// Never check `Host`: only for a router behind an auth layer that authenticates every
+    /// request with a credential the browser binds to the origin (a session cookie, an
+    /// `Authorization` header, a login proxy), never by source address or network, or behind
+    /// a proxy that checks `Host` itself.
+    Never,
 }
 
 /// The name of the caller, for audit events and the `ui:<user>` actor. A host's own auth
@@ -121,6 +159,24 @@ pub struct UiConfig {
     pub jobs: Option<Jobs>,
     /// The clock every "now" comes from.
     pub clock: Arc<dyn Clock>,
+    /// When `Host` is checked against `allowed_hosts` (DNS rebinding defence). Default
+    /// [`HostCheck::WithoutCredentials`]: a router without `basic_auth`/`read_only_auth`
+    /// answers only to the allowed names, even when the host's own auth layer sets an
+    /// [`Access`] extension.
+    ///
+    /// **Mounting behind your own auth:** put the names your users reach the dashboard by in
+    /// `allowed_hosts` (e.g. `"ops.example.com"`; this keeps the defence), or, if your layer
+    /// authenticates every request with a credential bound to your origin (session cookie,
+    /// `Authorization` header; never the source address), set [`HostCheck::Never`]. Until then
+    /// requests under other names get 421 naming the allowed ones.
+    pub host_check: HostCheck,
+    /// The `Host` values the dashboard answers to when it checks: `NAME` (that name at any
+    /// port) or `NAME:PORT` (that port only; a `Host` without a port is port 80), where `NAME`
+    /// is a host name, an IPv4 address or a bracketed IPv6 address. Default: the loopback
+    /// names [`LOOPBACK_NAMES`] at any port (the router does not know the port it is served
+    /// on; `dockhand ui` lists them with its bound port). Checked by [`try_router`]
+    /// ([`validate_allowed_host`]).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for UiConfig {
@@ -139,6 +195,8 @@ impl Default for UiConfig {
             query_timeout: Duration::from_secs(10),
             jobs: None,
             clock: Arc::new(SystemClock),
+            host_check: HostCheck::WithoutCredentials,
+            allowed_hosts: LOOPBACK_NAMES.iter().map(|n| n.to_string()).collect(),
         }
     }
 }
@@ -160,27 +218,65 @@ impl std::fmt::Debug for UiConfig {
             .field("query_timeout", &self.query_timeout)
             .field("jobs", &self.jobs.is_some())
             .field("clock", &self.clock)
+            .field("host_check", &self.host_check)
+            .field("allowed_hosts", &self.allowed_hosts)
             .finish()
     }
 }
 
 impl UiConfig {
-    /// The base path without a trailing slash (empty for `/`), checked: it must start with `/`
-    /// and hold no characters that need escaping in a URL or a cookie.
+    /// The base path without a trailing slash (empty for `/`), checked by
+    /// [`validate_base_path`].
     pub(crate) fn base(&self) -> crate::Result<String> {
-        let b = self.base_path.trim_end_matches('/');
-        if !self.base_path.starts_with('/') {
-            return Err(crate::Error::invalid("base_path", "must start with `/`"));
-        }
-        if !b
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "/-_.~".contains(c))
-        {
-            return Err(crate::Error::invalid(
-                "base_path",
-                "may hold only letters, digits and / - _ . ~",
+        validate_base_path(&self.base_path)
+    }
+}
+
+/// Checks a base path (`dockhand ui --base-path`, [`UiConfig::base_path`]) and gives it
+/// without its trailing slash (`""` for `/`). It must be `/`, or `/` followed by segments
+/// joined by `/` (one trailing `/` is dropped), each segment non-empty, neither `.` nor
+/// `..`, and made of letters, digits, `-`, `_`, `.` and `~` only: every link, form and script
+/// URL starts with it, so `//evil.example` would point them all at another host, and a dot
+/// segment would be resolved away by the browser.
+///
+/// ```
+/// use dockhand::ui::validate_base_path;
+/// assert_eq!(validate_base_path("/queue/").ok().as_deref(), Some("/queue"));
+/// assert_eq!(validate_base_path("/").ok().as_deref(), Some(""));
+/// assert!(validate_base_path("//evil.example").is_err());
+/// ```
+pub fn validate_base_path(path: &str) -> crate::Result<String> {
+    check_base_path(path).map_err(|m| crate::Error::invalid("base_path", m))
+}
+
+/// [`validate_base_path`] with the reason as text (the CLI's argument parser names the flag
+/// and the value itself).
+pub(crate) fn check_base_path(path: &str) -> Result<String, String> {
+    let shown = path.escape_debug();
+    if path == "/" {
+        return Ok(String::new());
+    }
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err(format!("`{shown}` must start with `/` (e.g. /queue)"));
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    for segment in rest.split('/') {
+        if segment.is_empty() {
+            return Err(format!(
+                "`{shown}` has an empty segment (`//`); links would leave the dashboard's host"
             ));
         }
-        Ok(b.to_string())
+        if segment == "." || segment == ".." {
+            return Err(format!("`{shown}` has a `{segment}` segment"));
+        }
+        if !segment
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.~".contains(&b))
+        {
+            return Err(format!(
+                "`{shown}` may hold only letters, digits and / - _ . ~"
+            ));
+        }
     }
+    Ok(format!("/{rest}"))
 }

@@ -4,6 +4,7 @@
 //! form, a fragment to htmx) and [`audit`].
 
 use super::auth::Credentials;
+use super::host::{self, HostRule};
 use super::layers::{self, CsrfCookie};
 use super::pages::{self, layout};
 use super::{assets, csrf, Access, UiConfig, UiUser};
@@ -12,7 +13,7 @@ use crate::store::DynStore;
 use crate::telemetry::UI_AUDIT_TARGET;
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, Extensions, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -37,36 +38,63 @@ pub(crate) struct AppState {
     pub(crate) csrf_key: [u8; 32],
     /// The accepted basic-auth credentials.
     pub(crate) creds: Arc<Credentials>,
+    /// The `Host` names this router answers to; `None` when it does not check.
+    pub(crate) host_rule: Option<Arc<HostRule>>,
     /// The overview's single-flight cached reads.
     pub(crate) overview: Arc<pages::overview::OverviewCache>,
 }
 
-/// The dashboard's router, to serve as it is or to nest under `cfg.base_path` in a host's
-/// router. A `base_path` that [`try_router`] refuses gives a router that answers every request
-/// with 500 and the reason (and logs it), so a misconfiguration is seen, not a panic.
+/// The dashboard's router, to nest under `cfg.base_path` in a host's router (or to serve as
+/// it is when the base path is `/`). A configuration that [`try_router`] refuses gives a
+/// router that answers every request with 500 and the reason (and logs it), so a
+/// misconfiguration is seen, not a panic.
 pub fn router(store: DynStore, cfg: UiConfig) -> Router {
     match try_router(store, cfg) {
         Ok(r) => r,
         Err(e) => {
             tracing::error!("dashboard misconfigured: {e}");
             let message = format!("dashboard misconfigured: {e}\n");
-            Router::new().fallback(move || {
-                let m = message.clone();
-                async move { (StatusCode::INTERNAL_SERVER_ERROR, m) }
-            })
+            Router::new()
+                .fallback(move || {
+                    let m = message.clone();
+                    async move { (StatusCode::INTERNAL_SERVER_ERROR, m) }
+                })
+                .layer(axum::middleware::from_fn(layers::security_headers))
         }
     }
 }
 
-/// [`router`], or the error naming the configuration field that is wrong.
+/// [`router`], or the error naming the configuration field that is wrong (`base_path`, see
+/// [`super::validate_base_path`]; `allowed_hosts`, see [`super::validate_allowed_host`]).
 pub fn try_router(store: DynStore, cfg: UiConfig) -> crate::Result<Router> {
+    let st = state(store, cfg)?;
+    Ok(layered(routes(), st))
+}
+
+/// The router `dockhand ui` serves: the dashboard under `cfg.base_path`, and for every path
+/// outside it the dashboard's 404 page, through the same layers (`Host` check, security
+/// headers). For mounting in your own application use [`router`]; its 404s outside the base
+/// path are your router's.
+pub fn standalone_router(store: DynStore, cfg: UiConfig) -> crate::Result<Router> {
+    let st = state(store, cfg)?;
+    let routes = if st.base.is_empty() {
+        routes()
+    } else {
+        Router::new().nest(&st.base, routes())
+    };
+    Ok(layered(routes, st))
+}
+
+/// The shared state of a router over `store` with `cfg`, the configuration checked.
+fn state(store: DynStore, cfg: UiConfig) -> crate::Result<AppState> {
     let base = cfg.base()?;
     let creds = Credentials::new(
         cfg.basic_auth.as_ref(),
         cfg.read_only_auth.as_ref(),
         cfg.access,
     );
-    let st = AppState {
+    let host_rule = HostRule::new(cfg.host_check, &cfg.allowed_hosts, creds.required())?;
+    Ok(AppState {
         store,
         csrf_key: cfg.csrf_key.unwrap_or_else(csrf::random_key),
         cookie_path: if base.is_empty() {
@@ -76,21 +104,24 @@ pub fn try_router(store: DynStore, cfg: UiConfig) -> crate::Result<Router> {
         },
         base: base.into(),
         creds: Arc::new(creds),
+        host_rule: host_rule.map(Arc::new),
         overview: Arc::new(pages::overview::OverviewCache::new()),
         cfg: Arc::new(cfg),
-    };
-    Ok(routes()
+    })
+}
+
+/// `routes` with the dashboard's 404 page for what they do not match, behind the layers,
+/// outermost first: security headers, `Host` check, authentication, CSRF guard, error pages.
+fn layered(routes: Router<AppState>, st: AppState) -> Router {
+    use axum::middleware::{from_fn, from_fn_with_state};
+    routes
         .fallback(not_found)
-        .layer(axum::middleware::from_fn_with_state(
-            st.clone(),
-            layers::guard,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            st.clone(),
-            layers::authenticate,
-        ))
-        .layer(axum::middleware::from_fn(layers::security_headers))
-        .with_state(st))
+        .layer(from_fn_with_state(st.clone(), layers::error_pages))
+        .layer(from_fn_with_state(st.clone(), layers::guard))
+        .layer(from_fn_with_state(st.clone(), layers::authenticate))
+        .layer(from_fn_with_state(st.clone(), host::check))
+        .layer(from_fn(layers::security_headers))
+        .with_state(st)
 }
 
 fn routes() -> Router<AppState> {
@@ -169,23 +200,28 @@ impl FromRequestParts<AppState> for Ctx {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, Self::Rejection> {
-        let access = parts
-            .extensions
+        Ok(Ctx::of(&parts.headers, &parts.extensions, st))
+    }
+}
+
+impl Ctx {
+    /// The context of a request with these headers and extensions (what the layers have set
+    /// so far: [`Access`], [`UiUser`], the CSRF cookie). Without an [`Access`] the caller is
+    /// read-only.
+    pub(crate) fn of(headers: &HeaderMap, extensions: &Extensions, st: &AppState) -> Ctx {
+        let access = extensions
             .get::<Access>()
             .copied()
             .unwrap_or(Access::ReadOnly);
-        let user = parts
-            .extensions
+        let user = extensions
             .get::<UiUser>()
             .map(|u| u.0.clone())
             .unwrap_or_default();
-        let cookie = parts
-            .extensions
+        let cookie = extensions
             .get::<CsrfCookie>()
             .map(|c| c.0.clone())
             .unwrap_or_default();
-        let cookies = parts
-            .headers
+        let cookies = headers
             .get(header::COOKIE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
@@ -200,7 +236,7 @@ impl FromRequestParts<AppState> for Ctx {
         let refresh = csrf::cookie_value(cookies, "dh_refresh")
             .and_then(|v| v.parse::<u32>().ok())
             .filter(|s| *s <= 3600);
-        Ok(Ctx {
+        Ctx {
             refresh,
             base: Arc::clone(&st.base),
             access,
@@ -208,17 +244,12 @@ impl FromRequestParts<AppState> for Ctx {
             user,
             tz,
             theme,
-            hx: parts.headers.contains_key("hx-request"),
+            hx: headers.contains_key("hx-request"),
             now: st.cfg.clock.now(),
-            remote: parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0),
-        })
+            remote: extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0),
+        }
     }
-}
 
-impl Ctx {
     /// An absolute link to `path` (which starts with `/`) under the base path.
     pub(crate) fn href(&self, path: &str) -> String {
         match (&*self.base, path) {
@@ -259,6 +290,11 @@ impl Ctx {
     /// A POST's answer: to htmx, the fragment `fragment` renders (the new content of
     /// `<main>`); to a plain form, 303 to `to` (a path under the base, may hold a query) with
     /// `msg=<notice>` added.
+    ///
+    /// Called once the change is made, so it never answers an error (the result is always
+    /// `Ok`): a fragment that fails to render becomes the notice and a line saying the page
+    /// could not be shown again (logged), and a `to` that is no valid `Location` becomes the
+    /// overview.
     pub(crate) async fn done<F, Fut>(
         &self,
         to: &str,
@@ -270,12 +306,21 @@ impl Ctx {
         Fut: std::future::Future<Output = crate::Result<Markup>>,
     {
         if self.hx {
-            Ok(layout::html(fragment().await?))
-        } else {
-            let sep = if to.contains('?') { '&' } else { '?' };
-            let location = format!("{}{sep}msg={}", self.href(to), notice.code());
-            Ok(Redirect::to(&location).into_response())
+            return Ok(match fragment().await {
+                Ok(markup) => layout::html(markup),
+                Err(e) => {
+                    tracing::error!(target: "dockhand::ui", "re-rendering after a change failed: {e}");
+                    layout::html(layout::changed_but_not_shown(self, notice, to, &e))
+                }
+            });
         }
+        let sep = if to.contains('?') { '&' } else { '?' };
+        let mut location = format!("{}{sep}msg={}", self.href(to), notice.code());
+        if HeaderValue::from_str(&location).is_err() {
+            tracing::error!(target: "dockhand::ui", "not a valid Location after a change: {location:?}");
+            location = format!("{}?msg={}", self.href("/"), notice.code());
+        }
+        Ok(Redirect::to(&location).into_response())
     }
 }
 

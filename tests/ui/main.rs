@@ -6,6 +6,8 @@ mod bulk;
 mod claims;
 mod cli;
 mod group_pause;
+mod hardening;
+mod host_check;
 mod jobs;
 mod lists;
 mod pages;

@@ -195,23 +195,37 @@ pub async fn send(app: &Router, req: Request<Body>) -> Answer {
     }
 }
 
-/// A GET of `path` with these extra headers.
+/// The `Host` a browser on the dashboard's machine sends (the router does not know its port,
+/// so the loopback names pass at any port by default).
+pub const HOST: &str = "localhost";
+
+/// `headers`, with `Host: localhost` unless they name a `host`.
+fn with_host<'a>(headers: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut all = headers.to_vec();
+    if !all.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        all.push(("host", HOST));
+    }
+    all
+}
+
+/// A GET of `path` with these extra headers (and `Host: localhost` unless they give one).
 pub async fn get(app: &Router, path: &str, headers: &[(&str, &str)]) -> Answer {
     let mut b = Request::builder().method("GET").uri(path);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
+    for (k, v) in with_host(headers) {
+        b = b.header(k, v);
     }
     send(app, b.body(Body::empty()).expect("request")).await
 }
 
-/// A form POST of `path` with `body` and these extra headers.
+/// A form POST of `path` with `body` and these extra headers (and `Host: localhost` unless
+/// they give one).
 pub async fn post_form(app: &Router, path: &str, body: &str, headers: &[(&str, &str)]) -> Answer {
     let mut b = Request::builder()
         .method("POST")
         .uri(path)
         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
+    for (k, v) in with_host(headers) {
+        b = b.header(k, v);
     }
     send(app, b.body(Body::from(body.to_string())).expect("request")).await
 }
@@ -263,12 +277,17 @@ impl Session {
         extra: &[(&str, &str)],
     ) -> Answer {
         let cookie = self.cookie_header();
-        let mut headers: Vec<(&str, &str)> = vec![
+        let defaults = [
             ("cookie", cookie.as_str()),
             ("sec-fetch-site", "same-origin"),
             ("origin", "null"),
             ("host", "localhost"),
         ];
+        // `extra` replaces a default of the same name.
+        let mut headers: Vec<(&str, &str)> = defaults
+            .into_iter()
+            .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+            .collect();
         headers.extend_from_slice(extra);
         let body = format!("_csrf={}&{fields}", self.token);
         post_form(app, path, &body, &headers).await

@@ -167,10 +167,12 @@ fn read_form(pairs: Vec<(String, String)>) -> Result<BulkForm> {
             format!("{} rows checked; at most {MAX_PAGE}", ids.len()),
         ));
     }
-    // Only a path of this list may be the way back (no open redirect).
-    if !back.starts_with("/actions") {
+    if back.is_empty() {
         back = params.href(&[]);
-    } else if params == ListParams::default() {
+    } else {
+        check_back(&back)?;
+    }
+    if params == ListParams::default() {
         // The checked-rows form sends its list's filter as `back` only: the htmx answer
         // renders that list.
         if let Ok(uri) = back.parse::<axum::http::Uri>() {
@@ -190,6 +192,37 @@ fn read_form(pairs: Vec<(String, String)>) -> Result<BulkForm> {
         max_id,
         back,
     })
+}
+
+/// Characters a `back` query may hold besides letters and digits: the rest of RFC 3986's
+/// unreserved and sub-delims, `:`, `@`, `/`, `?` and `%` (escapes stay escaped).
+const BACK_QUERY_CHARS: &[u8] = b"-._~!$&'()*+,;=:@/?%";
+
+/// Checks `back`, the list a bulk change returns to, before anything is changed: it must be
+/// a path of the action list, `/actions` or `/actions?<query>`, in visible ASCII that a URL
+/// and a `Location` header hold as it is (no CR, LF, NUL, DEL, space, `\` or `#`), so it
+/// is neither an open redirect nor an answer that fails after the change.
+fn check_back(back: &str) -> Result<()> {
+    let query = match back.strip_prefix("/actions") {
+        Some("") => Some(""),
+        Some(rest) => rest.strip_prefix('?'),
+        None => None,
+    };
+    let ok = query.is_some_and(|q| {
+        q.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || BACK_QUERY_CHARS.contains(&b))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "back",
+            format!(
+                "`{}` is not a path of the action list (/actions?…, URL-encoded); nothing was changed",
+                back.escape_debug()
+            ),
+        ))
+    }
 }
 
 /// `POST /actions/bulk`: the change on the checked rows.
@@ -333,4 +366,41 @@ pub(crate) async fn all(
     }
     .await;
     ctx.respond(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_back;
+
+    #[test]
+    fn back_is_a_path_of_the_action_list_that_a_location_holds() {
+        for ok in [
+            "/actions",
+            "/actions?status=pending",
+            "/actions?hook=a%0D%0Ab&args=%7B%22a%22%3A1%7D",
+        ] {
+            assert!(check_back(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "/actions?x=1\r\nSet-Cookie: a=b",
+            "/actions?x=\n",
+            "/actions?x=\0",
+            "/actions?x=\x7f",
+            "/actions?x=a b",
+            "/actions?x=é",
+            "/actions#top",
+            "/actions/../groups",
+            "/actionsfoo",
+            "/groups",
+            "//evil.example/actions",
+            "https://evil.example/actions",
+            "/actions?\\evil",
+        ] {
+            let e = check_back(bad)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("invalid back"), "{bad:?}: {e}");
+        }
+    }
 }

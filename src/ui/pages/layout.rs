@@ -429,6 +429,23 @@ pub(crate) fn notice(ctx: &Ctx, n: Option<Notice>, action: Option<i64>) -> Marku
     }
 }
 
+/// The fragment after a change that was made but whose page failed to render: the notice,
+/// the failure, and a link to `to` (a path under the base).
+pub(crate) fn changed_but_not_shown(
+    ctx: &Ctx,
+    n: Notice,
+    to: &str,
+    error: &crate::Error,
+) -> Markup {
+    html! {
+        (notice(ctx, Some(n), None))
+        p.error role="alert" {
+            "The change was made, but the page could not be shown again (" (error) "). "
+            a href=(ctx.href(to)) { "Reload" }
+        }
+    }
+}
+
 /// A POST button to `action` (a path under the base), as a form that works without script
 /// and that htmx submits in place (the answer replaces `<main>`). Empty for read-only callers.
 pub(crate) fn post_button(ctx: &Ctx, action: &str, label: &str, class: &str) -> Markup {
