@@ -6,8 +6,9 @@
 #![forbid(unsafe_code)]
 
 use chrono::{Duration, TimeZone, Utc};
+use dockhand::cli::UiArgs;
 use dockhand::store::{ClaimRequest, Finish};
-use dockhand::ui::{router, Access, UiConfig};
+use dockhand::ui::{standalone_router, Access, UiConfig};
 use dockhand::{
     ActionSpec, DynStore, HandlerError, Packet, Pipeline, Queue, Recurrence, Runtime, ScheduleSpec,
     StepContext, StepOutput, TestClock,
@@ -22,6 +23,10 @@ use tokio::process::{Child, Command};
 
 /// The screenshots the README shows, kept in `docs/screenshots/`.
 pub const DOCS_SHOTS: [&str; 4] = ["overview", "actions", "batch", "batch-theme-toggled"];
+
+/// A name the browser resolves to 127.0.0.1 (`--host-resolver-rules`) that the dashboard
+/// does not answer to: what a DNS-rebinding page's name looks like from the server.
+pub const REBIND_HOST: &str = "rebind.test";
 
 /// Where chromedriver lives on Debian.
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -109,6 +114,8 @@ async fn run_batch(url: &str) -> i64 {
 pub struct Dashboard {
     /// The base URL, `http://127.0.0.1:<port>`.
     pub url: String,
+    /// The port it listens on.
+    pub port: u16,
     /// The store, to check what the browser changed.
     pub store: DynStore,
     /// The seed.
@@ -119,7 +126,8 @@ pub struct Dashboard {
 
 impl Dashboard {
     /// Seeds 300 actions (pending over three hooks and groups, some failed and complete), two
-    /// schedules, and serves the router with operator access.
+    /// schedules, and serves what `dockhand ui --bind 127.0.0.1:<port>` serves, with operator
+    /// access (it answers to the loopback names with its port only).
     pub async fn start() -> Dashboard {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite:{}", dir.path().join("e2e.db").display());
@@ -208,17 +216,27 @@ impl Dashboard {
             .await
             .expect("runtime for the job handle")
             .jobs();
-        let cfg = UiConfig {
-            access: Access::Operator,
-            clock: Arc::new(clock.clone()),
-            jobs: Some(jobs),
-            ..UiConfig::default()
-        };
-        let app = router(Arc::clone(&store), cfg);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr: SocketAddr = listener.local_addr().expect("addr");
+        // What `dockhand ui --bind <addr>` serves (its `Host` rule for this port, its outer
+        // 404), with the seed's clock and a job handle that knows the pipeline.
+        let args = UiArgs {
+            bind: addr,
+            read_only: false,
+            base_path: "/".into(),
+            auth: None,
+            read_only_auth: None,
+            allowed_hosts: Vec::new(),
+        };
+        let cfg = UiConfig {
+            access: Access::Operator,
+            clock: Arc::new(clock.clone()),
+            jobs: Some(jobs),
+            ..args.config(addr)
+        };
+        let app = standalone_router(Arc::clone(&store), cfg).expect("dashboard router");
         let server = tokio::spawn(async move {
             let _ = axum::serve(
                 listener,
@@ -228,6 +246,7 @@ impl Dashboard {
         });
         Dashboard {
             url: format!("http://{addr}"),
+            port: addr.port(),
             store,
             seeded: Seeded {
                 failed,
@@ -286,7 +305,9 @@ impl Browser {
                     "--password-store=basic",
                     format!("--user-data-dir={}", profile.path().join("chrome").display()),
                     "--no-proxy-server",
-                    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+                    // Nothing resolves but loopback, and `rebind.test` (a name the dashboard
+                    // does not answer to) resolves to it, as a DNS-rebinding page's would.
+                    format!("--host-resolver-rules=MAP {REBIND_HOST} 127.0.0.1, MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"),
                     "--window-size=1280,900", "--force-device-scale-factor=1", "--hide-scrollbars",
                     "--force-color-profile=srgb", "--lang=en-US",
                     "--enable-logging=stderr", "--v=0"

@@ -77,7 +77,7 @@ pub struct UiArgs {
     #[arg(long = "allowed-host", value_name = "NAME[:PORT]", value_parser = parse_allowed_host)]
     pub allowed_hosts: Vec<String>,
     /// Operator credentials for HTTP basic auth (full access). Without any credentials,
-    /// everyone who reaches a loopback address is an operator.
+    /// everyone who reaches the loopback address under an allowed Host name is an operator.
     #[arg(long, value_name = "USER:PASS", env = "DOCKHAND_UI_AUTH", hide_env_values = true,
           value_parser = parse_user_pass)]
     pub auth: Option<UserPass>,
