@@ -292,6 +292,7 @@ fn request(item_id: String) -> ClaimItemRequest {
         ttl: chrono::Duration::minutes(30),
         completion: CompletionConfig::default(),
         reprocess: false,
+        run: None,
     }
 }
 
@@ -320,7 +321,9 @@ async fn race(store: &DynStore, same: bool) -> Duration {
     for t in tasks {
         match t.await.expect("claim task").expect("claim_item") {
             ClaimOutcome::Claimed(_) => won += 1,
-            ClaimOutcome::HeldByOther | ClaimOutcome::AlreadyProcessed => {}
+            ClaimOutcome::HeldByOther
+            | ClaimOutcome::AlreadyProcessed
+            | ClaimOutcome::JobNotLive { .. } => {}
         }
     }
     let took = start.elapsed();

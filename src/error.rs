@@ -69,6 +69,20 @@ pub enum Error {
         /// The fencing token the stale run presented.
         token: i64,
     },
+    /// A completion handler failed with a transient error (deadlock, serialization failure,
+    /// lost connection) in every attempt the store made; everything it wrote was rolled back.
+    /// A later retry may succeed: this is not a verdict on the item.
+    #[error(
+        "completion handler for item {item_id} (job {job_id:?}) failed transiently: {message}"
+    )]
+    TransientCompletion {
+        /// The item whose claim was being completed.
+        item_id: String,
+        /// The job owning the claim.
+        job_id: Option<i64>,
+        /// What the handler reported.
+        message: String,
+    },
 }
 
 impl Error {
@@ -89,6 +103,7 @@ impl Error {
     /// failure, lost connection) that a retry may clear.
     pub fn is_transient(&self) -> bool {
         match self {
+            Error::TransientCompletion { .. } => true,
             Error::Database { source, .. } => match source {
                 sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
                 sqlx::Error::Database(db) => {
@@ -106,6 +121,28 @@ impl Error {
                 }
                 _ => false,
             },
+            _ => false,
+        }
+    }
+
+    /// True when the failed store transaction certainly rolled back and running it again
+    /// whole may succeed: a deadlock, a serialization failure or lock wait timeout, or a
+    /// completion handler's transient failure. (Unlike [`Error::is_transient`], not a lost
+    /// connection: a commit whose acknowledgement was lost may have taken effect.)
+    pub(crate) fn reruns_transaction(&self) -> bool {
+        match self {
+            Error::TransientCompletion { .. } => true,
+            Error::Database {
+                source: sqlx::Error::Database(db),
+                ..
+            } => {
+                let mysql_number = db
+                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .map(|e| e.number());
+                matches!(mysql_number, Some(1213) | Some(1205))
+                    || (mysql_number.is_none()
+                        && matches!(db.code().as_deref(), Some("40001") | Some("40P01")))
+            }
             _ => false,
         }
     }

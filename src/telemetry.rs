@@ -13,7 +13,7 @@
 //! | `dockhand_action_lag_seconds` | histogram | `hook` | start time minus scheduled time |
 //! | `dockhand_reaped_total` | counter | `outcome` | expired leases requeued/failed |
 //! | `dockhand_store_retries_total` | counter | `op` | transient store errors retried in-process |
-//! | `dockhand_store_deadlock_retries_total` | counter | `backend`, `op` | store transactions re-run after a deadlock or lock wait timeout (MySQL) |
+//! | `dockhand_store_deadlock_retries_total` | counter | `backend`, `op` | store transactions re-run whole after a deadlock, lock wait timeout or serialization failure (MySQL: every multi-statement write), or a completion handler's transient error (all backends) |
 //!
 //! Spans: `dockhand.action.run` (fields `action_id`, `hook`, `attempt`), `dockhand.store`
 //! (field `op`), `dockhand.maintenance` (field `task`).
@@ -44,7 +44,8 @@ pub const LAG: &str = "dockhand_action_lag_seconds";
 pub const REAPED: &str = "dockhand_reaped_total";
 /// Counter: transient store errors retried in-process.
 pub const STORE_RETRIES: &str = "dockhand_store_retries_total";
-/// Counter: store transactions re-run inside the store after a deadlock or lock wait timeout.
+/// Counter: store transactions re-run inside the store after a deadlock, lock wait timeout or
+/// serialization failure, or a completion handler's transient error.
 pub const STORE_DEADLOCK_RETRIES: &str = "dockhand_store_deadlock_retries_total";
 
 /// Span name for one action run.

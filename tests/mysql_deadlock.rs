@@ -69,6 +69,7 @@ async fn race_for_items(stores: [DynStore; 2]) {
                         ttl: chrono::Duration::minutes(10),
                         completion: CompletionConfig::default(),
                         reprocess: true,
+                        run: None,
                     };
                     barrier.wait().await;
                     store

@@ -242,6 +242,7 @@ impl Engine {
                 ttl: DEFAULT_CLAIM_TTL,
                 completion: d.completion.clone(),
                 reprocess: false,
+                run: None,
             };
             let now = self.clock.now();
             match self.store.claim_item(&req, now).await {

@@ -11,7 +11,7 @@
 use crate::claims::ledger::TrackedItems;
 use crate::claims::{
     ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionContext, CompletionHandler,
-    CompletionTx, Identity,
+    CompletionResult, CompletionTx, Identity,
 };
 use crate::state::ClaimStatus;
 use crate::store::chaos::ChaosDb;
@@ -53,7 +53,7 @@ struct Ledger;
 
 #[async_trait]
 impl CompletionHandler for Ledger {
-    async fn complete(&self, tx: CompletionTx<'_>, ctx: &CompletionContext) -> Result<(), String> {
+    async fn complete(&self, tx: CompletionTx<'_>, ctx: &CompletionContext) -> CompletionResult {
         let tx =
             ChaosDb::ledger_insert(tx, ctx.identity.item_id.as_str(), ctx.token.as_str()).await?;
         TrackedItems.complete(tx, ctx).await
@@ -129,6 +129,7 @@ async fn side_effect(store: &DynStore, clock: &dyn Clock, key: &str) -> Result<(
         ttl: chrono::Duration::seconds(PLAIN_CLAIM_TTL_SECS),
         completion: ledger_config(),
         reprocess: false,
+        run: None,
     };
     match store
         .claim_item(&req, clock.now())
@@ -151,6 +152,9 @@ async fn side_effect(store: &DynStore, clock: &dyn Clock, key: &str) -> Result<(
         }
         ClaimOutcome::AlreadyProcessed => Ok(()),
         ClaimOutcome::HeldByOther => Err(HandlerError::retry("item held by another attempt")),
+        ClaimOutcome::JobNotLive { job_id, .. } => Err(HandlerError::fatal(format!(
+            "free-standing claim refused for job {job_id}"
+        ))),
     }
 }
 

@@ -3,7 +3,9 @@
 //!
 //! Completion config payload: `{"namespace": "feed", "revision": 3}` (`revision` defaults to 1).
 
-use super::{CompletionContext, CompletionHandler, CompletionTx};
+use super::{
+    CompletionContext, CompletionError, CompletionHandler, CompletionResult, CompletionTx,
+};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -32,11 +34,7 @@ pub struct TrackedItems;
 
 #[async_trait]
 impl CompletionHandler for TrackedItems {
-    async fn complete(
-        &self,
-        tx: CompletionTx<'_>,
-        ctx: &CompletionContext,
-    ) -> std::result::Result<(), String> {
+    async fn complete(&self, tx: CompletionTx<'_>, ctx: &CompletionContext) -> CompletionResult {
         let namespace = ctx
             .payload
             .get("namespace")
@@ -62,6 +60,7 @@ impl CompletionHandler for TrackedItems {
             }
             CompletionTx::MySql(conn) => crate::store::mysql::ledger::upsert(conn, &row).await,
         };
-        r.map_err(|e| e.to_string())
+        // A deadlock or lost connection stays transient: the store re-runs the transaction.
+        r.map_err(CompletionError::from)
     }
 }

@@ -3,20 +3,35 @@
 //!
 //! - [`Identity`]: (scope, source type, item id); item ids of any length, compared in full.
 //! - [`Descriptor`]: what names a claim and travels with the work (token + completion config).
-//! - [`CompletionHandler`]: user code that writes its side effect in the same transaction that
-//!   marks the claim processed, so a stale worker can never persist a side effect.
+//! - [`ClaimItemRequest`] / [`ClaimOutcome`]: taking a claim; a claim for a job is taken only
+//!   while that job is live (checked under a lock on the job row, in the claim's transaction),
+//!   and a step run's claim only while the run holds its lease ([`ClaimRun`]).
+//! - [`completion`]: [`CompletionHandler`], user code that writes its side effect in the same
+//!   transaction that marks the claim processed, so a stale worker can never persist a side
+//!   effect; its errors say whether a retry may help ([`CompletionError`]).
 //! - [`ledger`]: the shipped tracked-items handler.
+//!
+//! Time-to-live: a claim holds while `now < expires_at`; from `now == expires_at` on it is
+//! expired and another owner may take it over (every backend compares the same way, with the
+//! `now` the caller passes: the runtime's clock, the database's time by default). Maintenance
+//! renews the claims of live jobs (`Store::renew_claims`), so a job holds its items as long as
+//! it lives, whatever the TTL.
 
+pub mod completion;
 pub mod ledger;
 
+pub use completion::{
+    CompletionContext, CompletionError, CompletionHandler, CompletionRegistry, CompletionResult,
+    CompletionTx,
+};
+
 use crate::error::{Error, Result};
-use async_trait::async_trait;
+use crate::state::JobStatus;
+use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
-use std::sync::Arc;
 
 pub use crate::state::ClaimStatus;
 
@@ -149,6 +164,23 @@ pub struct ClaimItemRequest {
     pub completion: CompletionConfig,
     /// The caller decided to reprocess an already processed item.
     pub reprocess: bool,
+    /// The step run taking the claim, if a step takes it (see [`ClaimRun`]).
+    pub run: Option<ClaimRun>,
+}
+
+/// The step run a claim is taken by: step `step` of the owning job, run by the action lease
+/// `lease` (action id and fencing token). Such a claim is refused with [`Error::LeaseLost`]
+/// unless the action still runs under that token, and with [`ClaimOutcome::JobNotLive`] unless
+/// the job is `processing` at that step, both checked in the claim's transaction. The claim
+/// row records the run, so the claims an earlier run of the step took and the committed run
+/// does not hold are released when the committed run's output is written
+/// (`Store::release_superseded_claims`) instead of being completed with the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimRun {
+    /// The step's index in its pipeline.
+    pub step: i32,
+    /// The step action's lease of this run.
+    pub lease: Lease,
 }
 
 /// The result of a claim attempt. Contention is an outcome, never an error.
@@ -160,6 +192,16 @@ pub enum ClaimOutcome {
     HeldByOther,
     /// Processed already, and the caller did not ask to reprocess.
     AlreadyProcessed,
+    /// The owning job cannot take claims any more: it is final (or, for a step run's claim,
+    /// no longer `processing` at the claiming step). Nothing was written.
+    JobNotLive {
+        /// The owning job.
+        job_id: i64,
+        /// Its status when the claim was refused.
+        status: JobStatus,
+        /// Its current step.
+        step_index: i32,
+    },
 }
 
 /// Whether completing a claim took effect.
@@ -205,89 +247,6 @@ pub struct ClaimFilter {
     pub status: Option<ClaimStatus>,
     /// Page size (default 100 when 0).
     pub limit: i64,
-}
-
-/// The open transaction a completion handler writes in, on whichever backend is in use.
-#[non_exhaustive]
-pub enum CompletionTx<'a> {
-    /// SQLite.
-    Sqlite(&'a mut sqlx::SqliteConnection),
-    /// PostgreSQL.
-    Postgres(&'a mut sqlx::PgConnection),
-    /// MySQL / MariaDB.
-    MySql(&'a mut sqlx::MySqlConnection),
-}
-
-/// What a completion handler is told about the claim it completes.
-#[derive(Debug, Clone)]
-pub struct CompletionContext {
-    /// The item.
-    pub identity: Identity,
-    /// The completing token.
-    pub token: String,
-    /// The owning job.
-    pub job_id: Option<i64>,
-    /// The payload from the completion config.
-    pub payload: Value,
-    /// The completion time.
-    pub now: DateTime<Utc>,
-}
-
-/// User code run inside the transaction that completes a claim. Its writes and the claim's
-/// transition commit or roll back together. Return `Err` to roll both back.
-#[async_trait]
-pub trait CompletionHandler: Send + Sync + 'static {
-    /// Writes the side effect on `tx`.
-    async fn complete(
-        &self,
-        tx: CompletionTx<'_>,
-        ctx: &CompletionContext,
-    ) -> std::result::Result<(), String>;
-}
-
-/// Completion handlers by id.
-#[derive(Clone, Default)]
-pub struct CompletionRegistry {
-    handlers: HashMap<String, Arc<dyn CompletionHandler>>,
-}
-
-impl std::fmt::Debug for CompletionRegistry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_set().entries(self.handlers.keys()).finish()
-    }
-}
-
-impl CompletionRegistry {
-    /// A registry holding the shipped tracked-items handler.
-    pub fn with_builtins() -> Self {
-        let mut r = Self::default();
-        r.insert(ledger::TRACKED_ITEMS, Arc::new(ledger::TrackedItems));
-        r
-    }
-
-    /// Registers `handler` under `id`.
-    pub fn insert(&mut self, id: impl Into<String>, handler: Arc<dyn CompletionHandler>) {
-        self.handlers.insert(id.into(), handler);
-    }
-
-    /// The handler for `id`.
-    pub fn get(&self, id: &str) -> Option<Arc<dyn CompletionHandler>> {
-        self.handlers.get(id).cloned()
-    }
-
-    /// Resolves a config's handler: `Ok(None)` when it names none, an error when it names one
-    /// that is not registered.
-    pub fn resolve(&self, config: &CompletionConfig) -> Result<Option<Arc<dyn CompletionHandler>>> {
-        match &config.handler {
-            None => Ok(None),
-            Some(id) => self.get(id).map(Some).ok_or_else(|| {
-                Error::invalid(
-                    "completion handler",
-                    format!("no handler registered as `{id}`"),
-                )
-            }),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -220,8 +220,10 @@ impl Jobs {
         super::engine_data::mutate(&self.engine.store, id, f).await
     }
 
-    /// Claims an item outside a step (C2): `None` when someone else actively holds it or it
-    /// was processed already (pass `reprocess` to take a processed item again).
+    /// Claims an item outside a step (C2): `None` when someone else actively holds it, it
+    /// was processed already (pass `reprocess` to take a processed item again), or `job_id`
+    /// names a job that is already final (checked under a lock on the job row, in the claim's
+    /// transaction). The claim holds for `ttl`, renewed by maintenance while its job lives.
     pub async fn claim(
         &self,
         identity: Identity,
@@ -240,6 +242,7 @@ impl Jobs {
             ttl,
             completion,
             reprocess,
+            run: None,
         };
         match self
             .engine
@@ -247,8 +250,12 @@ impl Jobs {
             .claim_item(&req, self.engine.clock.now())
             .await?
         {
-            ClaimOutcome::Claimed(d) => self.engine.keep_if_job_live(d).await,
+            ClaimOutcome::Claimed(d) => Ok(Some(d)),
             ClaimOutcome::HeldByOther | ClaimOutcome::AlreadyProcessed => Ok(None),
+            ClaimOutcome::JobNotLive { job_id, status, .. } => {
+                tracing::info!(job_id, %status, "claim refused: the job is already final");
+                Ok(None)
+            }
         }
     }
 
@@ -274,8 +281,10 @@ impl Jobs {
     }
 
     /// Completes a claim with its completion handler in one transaction (C4). `Lost` when the
-    /// token no longer holds the claim; an error when the handler fails (nothing persists) or
-    /// the descriptor names an unregistered handler.
+    /// token no longer holds the claim; an error when the handler fails or panics (nothing
+    /// persists) or the descriptor names an unregistered handler. A handler's transient
+    /// failure re-runs the transaction; if it persists the error is
+    /// [`Error::TransientCompletion`] ([`Error::is_transient`]): try again later.
     pub async fn complete(&self, descriptor: &Descriptor) -> Result<CompleteOutcome> {
         descriptor.identity.validate()?;
         let handler = self.engine.completions.resolve(&descriptor.completion)?;

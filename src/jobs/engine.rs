@@ -6,14 +6,14 @@ use super::packets;
 use super::pipeline::{Packet, PipelineRegistry, StepContext, StepOutput};
 use super::{JobEvent, StepAction};
 use crate::claims::{
-    ClaimItemRequest, ClaimOutcome, CompletionConfig, CompletionRegistry, Descriptor, Identity,
-    DEFAULT_CLAIM_TTL,
+    ClaimItemRequest, ClaimOutcome, ClaimRun, CompletionConfig, CompletionRegistry, Descriptor,
+    Identity,
 };
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::handler::{ActionContext, HandlerError, HandlerResult};
 use crate::state::JobStatus;
-use crate::store::DynStore;
+use crate::store::{DynStore, Lease};
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
 
@@ -176,6 +176,13 @@ impl Engine {
                 Err(e) => return self.unrunnable(job_id, e.to_string()).await,
             }
         }
+        let run = ClaimRun {
+            step,
+            lease: Lease {
+                id: action.action_id,
+                token: action.token,
+            },
+        };
         let ctx = StepContext {
             job_id,
             pipeline: pipeline.name.clone(),
@@ -188,9 +195,14 @@ impl Engine {
                 .clone()
                 .unwrap_or_else(|| format!("{}/{}", pipeline.name, def.name)),
             completion: def.completion.clone(),
+            claim_ttl: def.claim_ttl,
+            run,
             engine: Arc::clone(&self),
         };
         let output = (def.run)(ctx).await?;
+        if !self.release_superseded(job_id, run, &output).await? {
+            return Ok(());
+        }
         let last = usize::try_from(step + 1).map_or(true, |n| n >= pipeline.steps.len());
         let template = pipeline.step_action();
         match output {
@@ -320,8 +332,11 @@ impl Engine {
         }
     }
 
-    /// Claims `identity` for the step's job; when it was processed already, asks the reprocess
-    /// callback (with the executing step's id) whether to take it again.
+    /// Claims `identity` for the step's job, as this run of the step (fenced by its lease,
+    /// recorded on the claim) and with the step's TTL; when it was processed already, asks the
+    /// reprocess callback (with the executing step's id) whether to take it again. `None` also
+    /// when the job is final or moved past this step: the store checks that under a lock on
+    /// the job row in the claim's own transaction, so no claim outlives its job.
     pub(crate) async fn claim_for_step(
         &self,
         ctx: &StepContext,
@@ -331,14 +346,23 @@ impl Engine {
         let mut req = ClaimItemRequest {
             identity,
             job_id: Some(ctx.job_id),
-            ttl: DEFAULT_CLAIM_TTL,
+            ttl: ctx.claim_ttl,
             completion,
             reprocess: false,
+            run: Some(ctx.run),
         };
         loop {
             match self.store.claim_item(&req, self.clock.now()).await? {
-                ClaimOutcome::Claimed(d) => return self.keep_if_job_live(d).await,
+                ClaimOutcome::Claimed(d) => return Ok(Some(d)),
                 ClaimOutcome::HeldByOther => return Ok(None),
+                ClaimOutcome::JobNotLive {
+                    job_id,
+                    status,
+                    step_index,
+                } => {
+                    tracing::info!(job_id, %status, step_index, run_step = ctx.step_index, item = %req.identity.item_id, "claim refused: the job is final or moved on");
+                    return Ok(None);
+                }
                 ClaimOutcome::AlreadyProcessed if req.reprocess => return Ok(None),
                 ClaimOutcome::AlreadyProcessed => {
                     let again = self.reprocess.as_ref().is_some_and(|f| {
@@ -359,25 +383,46 @@ impl Engine {
         }
     }
 
-    /// A claim taken for a job that reached a final status meanwhile (an operator failed it
-    /// while its step still ran) would outlive the job until its TTL: give it back at once.
-    /// The bridge releases claims that existed when it ran; this closes the window after it.
-    pub(crate) async fn keep_if_job_live(&self, d: Descriptor) -> Result<Option<Descriptor>> {
-        let Some(job_id) = d.job_id else {
-            return Ok(Some(d));
+    /// Before a step run's output is written (defect 8 of issue 15): the claims earlier runs of
+    /// this step took for the job and this output does not carry are released, so a zombie's
+    /// or a failed attempt's extra items are not completed with the job though never
+    /// processed. False when this run lost its lease: a newer run owns the step, so this
+    /// output is dropped (as a lost compare-and-swap would drop it).
+    async fn release_superseded(
+        &self,
+        job_id: i64,
+        run: ClaimRun,
+        output: &StepOutput,
+    ) -> std::result::Result<bool, HandlerError> {
+        let keep: Vec<String> = match output {
+            StepOutput::Packets(p) | StepOutput::Park(p) => p
+                .iter()
+                .flat_map(|p| p.descriptors.iter().map(|d| d.token.clone()))
+                .collect(),
+            StepOutput::Skip => Vec::new(),
         };
-        let live = match self.store.get_job(job_id).await? {
-            Some(job) => !job.status.is_final(),
-            None => true, // a free-standing owner id, not a job row
-        };
-        if live {
-            return Ok(Some(d));
+        match self
+            .store
+            .release_superseded_claims(job_id, run, &keep)
+            .await
+        {
+            Ok(0) => Ok(true),
+            Ok(released) => {
+                tracing::info!(job_id, step = run.step, released, "released the claims earlier runs of this step took and its output does not hold");
+                Ok(true)
+            }
+            Err(Error::LeaseLost { action_id, token }) => {
+                tracing::warn!(
+                    job_id,
+                    step = run.step,
+                    action_id,
+                    token,
+                    "step run lost its lease; output dropped"
+                );
+                Ok(false)
+            }
+            Err(e) => Err(HandlerError::retry(e)),
         }
-        self.store
-            .release_claim(&d, false, self.clock.now())
-            .await?;
-        tracing::info!(job_id, item = %d.identity.item_id, "claim given back: its job is already final");
-        Ok(None)
     }
 
     /// Delivers undelivered lifecycle events (J5): runs the hooks, then marks the event

@@ -2,7 +2,7 @@
 //! ([`StepContext`]) and returns ([`StepOutput`]).
 
 use super::engine::Engine;
-use crate::claims::{CompletionConfig, Descriptor, Identity};
+use crate::claims::{ClaimRun, CompletionConfig, Descriptor, Identity, DEFAULT_CLAIM_TTL};
 use crate::error::{Error, Result};
 use crate::handler::HandlerError;
 use futures_util::future::BoxFuture;
@@ -77,6 +77,8 @@ pub struct Step {
     pub(crate) scope: Option<String>,
     /// Default completion config for claims this step takes.
     pub(crate) completion: CompletionConfig,
+    /// Time-to-live of the claims this step takes (default [`DEFAULT_CLAIM_TTL`]).
+    pub(crate) claim_ttl: chrono::Duration,
 }
 
 /// A named, ordered list of steps.
@@ -125,6 +127,7 @@ impl Pipeline {
             inline: false,
             scope: None,
             completion: CompletionConfig::default(),
+            claim_ttl: DEFAULT_CLAIM_TTL,
         });
         self
     }
@@ -149,6 +152,18 @@ impl Pipeline {
     pub fn completion(mut self, config: CompletionConfig) -> Self {
         if let Some(s) = self.steps.last_mut() {
             s.completion = config;
+        }
+        self
+    }
+
+    /// The last added step's claims hold for `ttl` before another owner may take them over
+    /// (default [`DEFAULT_CLAIM_TTL`], 30 minutes). While the job lives, maintenance renews
+    /// them once half the TTL has passed, so the TTL bounds how long a dead owner keeps an
+    /// item, not how long a live job may work on it; keep it well above the maintenance
+    /// `claim_renew_interval`. Must be positive (checked when the runtime is built).
+    pub fn claim_ttl(mut self, ttl: std::time::Duration) -> Self {
+        if let Some(s) = self.steps.last_mut() {
+            s.claim_ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
         }
         self
     }
@@ -184,6 +199,15 @@ impl Pipeline {
             crate::action::validate_name("step", &s.name, false)?;
             if let Some(scope) = &s.scope {
                 crate::action::validate_name("scope", scope, false)?;
+            }
+            if s.claim_ttl <= chrono::Duration::zero() {
+                return Err(Error::invalid(
+                    "claim_ttl",
+                    format!(
+                        "step `{}` of pipeline `{}`: must be positive",
+                        s.name, self.name
+                    ),
+                ));
             }
         }
         Ok(())
@@ -221,6 +245,9 @@ pub struct StepContext {
     pub inputs: Vec<Value>,
     pub(crate) scope: String,
     pub(crate) completion: CompletionConfig,
+    pub(crate) claim_ttl: chrono::Duration,
+    /// This run of the step (its action lease): recorded on the claims it takes.
+    pub(crate) run: ClaimRun,
     pub(crate) engine: Arc<Engine>,
 }
 
@@ -244,9 +271,12 @@ impl StepContext {
         self.inputs.first().unwrap_or(&Value::Null)
     }
 
-    /// Claims an item in this step's scope for this job, with the step's completion config.
-    /// `None` when someone else holds it, or it was processed and the reprocess callback said
-    /// no.
+    /// Claims an item in this step's scope for this job, with the step's completion config and
+    /// claim TTL. `None` when someone else holds it, it was processed and the reprocess
+    /// callback said no, or the job is no longer live at this step (finished, or moved on
+    /// while this run ran). An [`crate::Error::LeaseLost`] error when this run lost its lease
+    /// (a newer run of the step took over): stop; the newer run's output is the one that
+    /// counts.
     pub async fn claim(&self, source_type: &str, item_id: &str) -> Result<Option<Descriptor>> {
         let identity = Identity::new(self.scope.clone(), source_type, item_id)?;
         self.engine

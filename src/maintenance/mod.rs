@@ -1,4 +1,5 @@
-//! Maintenance: the lease reaper (R1), the schedule materialiser (Q7) and retention (Q11).
+//! Maintenance: the lease reaper (R1), the schedule materialiser (Q7), retention (Q11) and the
+//! renewal of live jobs' item claims (`claims`).
 //!
 //! Every runner runs the maintenance loop, but each task first takes a cluster-wide lease row
 //! (`dockhand_maintenance_leases`) valid for the task's interval, so each task does its work
@@ -14,6 +15,8 @@ use serde::Serialize;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tracing::Instrument;
+
+mod claims;
 
 /// Maintenance settings.
 #[derive(Debug, Clone)]
@@ -35,6 +38,9 @@ pub struct MaintenanceConfig {
     pub keep_failed: std::time::Duration,
     /// Rows per retention or reaper batch. Default 1000.
     pub batch: i64,
+    /// Item-claim renewal interval: the claims of live jobs that used half their TTL get a
+    /// full TTL again. Default 5 s; keep it well below the shortest claim TTL in use.
+    pub claim_renew_interval: std::time::Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -48,6 +54,7 @@ impl Default for MaintenanceConfig {
             keep_finished: std::time::Duration::from_secs(7 * 24 * 3600),
             keep_failed: std::time::Duration::from_secs(30 * 24 * 3600),
             batch: 1000,
+            claim_renew_interval: std::time::Duration::from_secs(5),
         }
     }
 }
@@ -81,6 +88,8 @@ pub struct MaintenanceReport {
     pub packets_pruned: u64,
     /// Job lifecycle events delivered from the outbox.
     pub events_delivered: u64,
+    /// Item claims of live jobs renewed.
+    pub claims_renewed: u64,
 }
 
 /// Runs the maintenance tasks.
@@ -150,6 +159,9 @@ impl Maintenance {
         if self.lease("outbox", c.reaper_interval).await? {
             self.sweep_outbox(&mut report).await?;
         }
+        if self.lease("claims", c.claim_renew_interval).await? {
+            self.renew_claims(&mut report).await?;
+        }
         Ok(report)
     }
 
@@ -160,6 +172,7 @@ impl Maintenance {
         self.schedule(&mut report).await?;
         self.prune(&mut report).await?;
         self.sweep_outbox(&mut report).await?;
+        self.renew_claims(&mut report).await?;
         Ok(report)
     }
 

@@ -7,7 +7,7 @@
 
 use super::mysql::MySqlStore;
 use super::postgres::PgStore;
-use crate::claims::CompletionTx;
+use crate::claims::{CompletionError, CompletionTx};
 use crate::error::{Error, Result};
 use sqlx::mysql::MySqlPool;
 use sqlx::postgres::PgPool;
@@ -121,13 +121,13 @@ impl ChaosDb {
     }
 
     /// Appends a ledger row inside a claim's completion transaction and hands the transaction
-    /// back.
+    /// back. A deadlock or lost connection is a transient failure (the store re-runs the
+    /// completion transaction).
     pub async fn ledger_insert<'a>(
         tx: CompletionTx<'a>,
         item_id: &str,
         token: &str,
-    ) -> std::result::Result<CompletionTx<'a>, String> {
-        let err = |e: sqlx::Error| format!("chaos ledger insert for {item_id}: {e}");
+    ) -> std::result::Result<CompletionTx<'a>, CompletionError> {
         Ok(match tx {
             CompletionTx::Sqlite(c) => {
                 sqlx::query("INSERT INTO chaos_ledger (item_id, token) VALUES (?, ?)")
@@ -135,7 +135,7 @@ impl ChaosDb {
                     .bind(token)
                     .execute(&mut *c)
                     .await
-                    .map_err(err)?;
+                    .map_err(CompletionError::from)?;
                 CompletionTx::Sqlite(c)
             }
             CompletionTx::Postgres(c) => {
@@ -144,7 +144,7 @@ impl ChaosDb {
                     .bind(token)
                     .execute(&mut *c)
                     .await
-                    .map_err(err)?;
+                    .map_err(CompletionError::from)?;
                 CompletionTx::Postgres(c)
             }
             CompletionTx::MySql(c) => {
@@ -153,7 +153,7 @@ impl ChaosDb {
                     .bind(token)
                     .execute(&mut *c)
                     .await
-                    .map_err(err)?;
+                    .map_err(CompletionError::from)?;
                 CompletionTx::MySql(c)
             }
         })

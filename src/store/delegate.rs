@@ -283,6 +283,22 @@ macro_rules! delegate_store {
             ) -> Result<ClaimOutcome> {
                 $around!(self, "claim_item", self.inner.claim_item(req, now))
             }
+            async fn renew_claims(&self, now: DateTime<Utc>, limit: i64) -> Result<u64> {
+                $around!(self, "renew_claims", self.inner.renew_claims(now, limit))
+            }
+            async fn release_superseded_claims(
+                &self,
+                job_id: i64,
+                run: ClaimRun,
+                keep_tokens: &[String],
+            ) -> Result<u64> {
+                $around!(
+                    self,
+                    "release_superseded_claims",
+                    self.inner
+                        .release_superseded_claims(job_id, run, keep_tokens)
+                )
+            }
             async fn get_claim(&self, identity: &Identity) -> Result<Option<ItemClaim>> {
                 $around!(self, "get_claim", self.inner.get_claim(identity))
             }

@@ -13,7 +13,7 @@ use crate::batch::{
 };
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
-    ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,
+    ClaimFilter, ClaimItemRequest, ClaimOutcome, ClaimRun, CompleteOutcome, CompletionHandler,
     CompletionRegistry, Descriptor, Identity, ItemClaim,
 };
 use crate::error::{Error, Result};
@@ -32,11 +32,13 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 pub mod chaos;
+mod claim_rules;
 mod delegate;
 pub mod faulty;
 pub mod mysql;
 pub mod operator;
 pub mod postgres;
+mod rerun;
 pub mod sqlite;
 #[cfg(test)]
 pub(crate) mod test_lease;
@@ -233,10 +235,12 @@ pub trait Store: Send + Sync + 'static {
     /// skipped): completes every claim the job owns (status `claimed`, `job_id` = job),
     /// running its completion handler (resolved from `completions` by the config stored on the
     /// claim row) inside this transaction and marking it processed or deleting it per
-    /// `retain_processed`; any failure rolls everything back and returns
-    /// `ClaimCompletionFailed`. For failed/cancelled: deletes every claim the job owns that is
-    /// still `claimed`. Then writes status, reason and `finished_at` with a compare-and-swap on
-    /// the status read, inserts the lifecycle event into `dockhand_job_events`, and — when the
+    /// `retain_processed`; a permanent handler failure (or panic) rolls everything back and
+    /// returns `ClaimCompletionFailed`; a transient one re-runs the whole transaction and, if
+    /// it persists, is returned as [`Error::TransientCompletion`] (never a final verdict).
+    /// For failed/cancelled: deletes every claim the job owns that is still `claimed`. Then
+    /// writes status, reason and `finished_at` with a compare-and-swap on the status read,
+    /// inserts the lifecycle event into `dockhand_job_events`, and — when the
     /// job is a batch child — bumps the parent's counters (`children_terminal` and one of
     /// `children_completed` (completed) / `children_failed` (failed, cancelled) /
     /// `children_skipped` (skipped, completed_no_items)) and, if the parent is fenced, now has
@@ -285,7 +289,18 @@ pub trait Store: Send + Sync + 'static {
     /// someone else is `HeldByOther`; a claim already held by the requesting job is returned
     /// with its existing token and a renewed expiry; a processed row without `reprocess` is
     /// `AlreadyProcessed`, neither raising nor logging a database error. The identity's parts
-    /// are compared in full, not only its hash.
+    /// are compared in full, not only its hash. A claimed row is expired when
+    /// `expires_at <= now` (at `now == expires_at` it may be taken over).
+    ///
+    /// With `req.job_id`, the same transaction first locks that job's row for share (PostgreSQL
+    /// `FOR SHARE`, MariaDB `LOCK IN SHARE MODE`, SQLite under `BEGIN IMMEDIATE`) and refuses
+    /// with `JobNotLive` (nothing written) when the job is final, so a claim can never commit
+    /// after the terminal bridge settled the job's claims; a job id with no job row is a
+    /// free-standing owner and is not checked. With `req.run` it also locks the step action's
+    /// row for share and returns [`Error::LeaseLost`] unless the action runs under that token,
+    /// and refuses with `JobNotLive` unless the job is `processing` at `run.step`; the row
+    /// records the run (`run_step`, `run_action`, `run_token`). Every claim stores its TTL
+    /// (`ttl_ms`) for [`Store::renew_claims`].
     async fn claim_item(&self, req: &ClaimItemRequest, now: DateTime<Utc>) -> Result<ClaimOutcome>;
 
     /// The stored row for an identity.
@@ -294,8 +309,11 @@ pub trait Store: Send + Sync + 'static {
     /// In one transaction (C4): lock the row where the hash/parts match, the token matches and
     /// the status is `claimed` (none: `Lost`, nothing runs); run `handler` on this transaction;
     /// mark processed (or delete when `retain_processed` is false); commit. A handler error
-    /// rolls back its writes and the transition together and is returned as an error. An
-    /// expired claim nobody took over may still be completed by its token.
+    /// rolls back its writes and the transition together and is returned as an error: a
+    /// permanent one (or a panic, caught) as [`Error::InvalidInput`] naming the item; a
+    /// transient one re-runs the whole transaction a bounded number of times and, if it
+    /// persists, is returned as [`Error::TransientCompletion`]. An expired claim nobody took
+    /// over may still be completed by its token.
     async fn complete_claim(
         &self,
         descriptor: &Descriptor,
@@ -313,6 +331,30 @@ pub trait Store: Send + Sync + 'static {
 
     /// Claims by filter.
     async fn list_claims(&self, filter: &ClaimFilter) -> Result<Vec<ItemClaim>>;
+
+    /// Renews the claims of live jobs, one bounded set-based statement (or transaction): up to
+    /// `limit` rows `claimed` by a job whose row exists and is not final (pending, processing,
+    /// waiting), that have used at least half their TTL (`expires_at - ttl_ms / 2 <= now`,
+    /// expired ones included: nobody took them over), soonest expiry first, get
+    /// `expires_at = now + ttl_ms`. Claims of final jobs, of job ids with no row, free-standing
+    /// claims and rows without a stored TTL are left to expire. Rows locked by a concurrent
+    /// completion or takeover are skipped (the next pass sees them). Returns how many rows
+    /// were renewed; maintenance calls it until fewer than `limit` come back.
+    async fn renew_claims(&self, now: DateTime<Utc>, limit: i64) -> Result<u64>;
+
+    /// Before a step run's output is written: releases (deletes) the claims that earlier runs
+    /// of the same step of `job_id` took (`run_step = run.step` and a run other than
+    /// `run.lease`), are still `claimed` by the job, and whose token is not in `keep_tokens`
+    /// (the descriptors the output carries). Fenced like [`Store::lease_work`]: when any row is
+    /// to be released, one transaction locks the step action's row for share, returns
+    /// [`Error::LeaseLost`] (nothing changes) unless it runs under `run.lease`, then deletes
+    /// them; when there is none, a read checks the lease alone. Returns how many were released.
+    async fn release_superseded_claims(
+        &self,
+        job_id: i64,
+        run: ClaimRun,
+        keep_tokens: &[String],
+    ) -> Result<u64>;
 
     /// A tracked-items ledger row (C8).
     async fn tracked_item(&self, namespace: &str, item_id: &str) -> Result<Option<TrackedItem>>;

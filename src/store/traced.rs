@@ -14,7 +14,7 @@ use crate::batch::{
 };
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
-    ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,
+    ClaimFilter, ClaimItemRequest, ClaimOutcome, ClaimRun, CompleteOutcome, CompletionHandler,
     CompletionRegistry, Descriptor, Identity, ItemClaim,
 };
 use crate::error::Result;

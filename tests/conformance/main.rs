@@ -51,6 +51,16 @@ conformance!(
     s_c10_takeover_protects_the_new_owner,
     s_c11_reprocess_callback_sees_the_step_id,
     claims_for_a_final_job_are_given_back,
+    // Item claims racing their owner, over time, and failing handlers (issue 15)
+    s_c12_live_jobs_claims_are_renewed_past_their_ttl,
+    s_c12_batch_child_reaches_an_item_after_the_ttl,
+    s_c13_claim_racing_the_bridge_never_outlives_the_job,
+    claim_ttl_is_a_step_option_and_parked_jobs_keep_their_claims,
+    claim_ttl_boundary_on_the_database_clock,
+    regression_superseded_attempt_claims_are_released,
+    regression_zombie_step_run_claims_are_released_not_processed,
+    regression_transient_completion_error_reruns_the_transaction,
+    completion_handler_panic_rolls_back_and_is_an_error,
     // Terminal bridge (S-T1 … S-T4), engine data (S-B12), jobs
     s_t1_every_final_route_passes_the_bridge_once,
     s_t2_finishing_a_final_job_again,

@@ -157,6 +157,7 @@ pub async fn claim(
         ttl,
         completion: CompletionConfig::default(),
         reprocess: false,
+        run: None,
     };
     match f.store.claim_item(&req, t0()).await.expect("claim item") {
         ClaimOutcome::Claimed(d) => d,

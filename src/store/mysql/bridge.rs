@@ -11,11 +11,12 @@
 //! returned; the caller then finishes the job as `failed / item_claim_completion_failed`,
 //! which releases the claims. The transaction runs inside [`retry_deadlocks`].
 
-use super::claims::{config_from, handler_failed, settle};
+use super::claims::{config_from, settle};
 use super::connect::retry_deadlocks;
 use super::fence::child_finished;
 use super::jobs::{opt_text, read_job, text};
 use super::{ms, MySqlStore};
+use crate::claims::completion::run_in_tx;
 use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identity};
 use crate::error::{Error, Result};
 use crate::jobs::BridgeOutcome;
@@ -170,11 +171,12 @@ async fn complete_owned_claims(
                 now,
                 identity: identity.clone(),
             };
-            if let Err(msg) = handler
-                .complete(CompletionTx::MySql(&mut *conn), &ctx)
-                .await
+            // A transient failure is returned as the error: the transaction is dropped
+            // (rolled back) and `retry_deadlocks` runs it again whole.
+            if let Err(failed) =
+                run_in_tx(handler.as_ref(), CompletionTx::MySql(&mut *conn), &ctx).await?
             {
-                return Ok(Err(handler_failed(item, &msg)));
+                return Ok(Err(failed));
             }
         }
         settle(conn, id, config.retain_processed, now).await?;

@@ -6,22 +6,29 @@
 //! row, or (on a duplicate) takes an exclusive lock on the existing one without changing it, so
 //! 16–64 tasks racing for one item queue on that row lock and never see a duplicate-key error.
 //! The row is then read back under the lock and the takeover rules of the SQLite upsert are
-//! applied in Rust; a takeover is an `UPDATE` by id in the same transaction.
+//! applied in Rust; a takeover is an `UPDATE` by id in the same transaction. Before that, the
+//! step action's row (a step run's claim) and the owning job's row are locked in share mode
+//! and checked (the run still holds its lease; the job is live), so a claim can never commit
+//! after the terminal bridge settled its job's claims.
 //!
 //! The unique index is the identity hash (which distinguishes identities exactly); statements
 //! also compare the identity's parts, and the parts read back are compared in Rust, so a
 //! (theoretical) hash collision is reported, never merged. Binary collations pad trailing spaces
 //! for `=`, so tokens and the scope filter compare as `CAST(… AS BINARY)`.
 
+use super::claim_upkeep::run_fence;
 use super::connect::retry_deadlocks;
 use super::jobs::{opt_text, text};
 use super::{from_ms, ms, MySqlStore};
+use crate::claims::completion::run_in_tx;
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
     ClaimFilter, ClaimItemRequest, ClaimOutcome, ClaimStatus, CompleteOutcome, CompletionConfig,
     CompletionContext, CompletionHandler, CompletionTx, Descriptor, Identity, ItemClaim,
 };
 use crate::error::{Error, Result};
+use crate::state::JobStatus;
+use crate::store::claim_rules::{claim_expiry, refusal};
 use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
@@ -40,8 +47,8 @@ const TOKEN_IS: &str = "CAST(token AS BINARY) = CAST(? AS BINARY)";
 /// Inserts a fresh claim, or locks the existing row of that identity unchanged.
 const INSERT_OR_LOCK: &str = "INSERT INTO dockhand_item_claims
     (identity_hash, scope, source_type, item_id, status, token, job_id, completion,
-     claimed_at, expires_at)
- VALUES (?, ?, ?, ?, 'claimed', ?, ?, ?, ?, ?)
+     claimed_at, expires_at, ttl_ms, run_step, run_action, run_token)
+ VALUES (?, ?, ?, ?, 'claimed', ?, ?, ?, ?, ?, ?, ?, ?, ?)
  ON DUPLICATE KEY UPDATE id = id";
 
 /// Encodes a completion config for the `completion` column.
@@ -116,20 +123,13 @@ pub(super) async fn settle(
     Ok(())
 }
 
-/// The error a failed completion handler becomes, naming the item.
-pub(super) fn handler_failed(item_id: &str, msg: &str) -> String {
-    format!("handler failed for item {item_id}: {msg}")
-}
-
 pub(super) async fn claim_item(
     store: &MySqlStore,
     req: &ClaimItemRequest,
     now: DateTime<Utc>,
 ) -> Result<ClaimOutcome> {
     req.identity.validate()?;
-    let expires = now
-        .checked_add_signed(req.ttl)
-        .ok_or_else(|| Error::invalid("ttl", format!("{} is out of range", req.ttl)))?;
+    let expires = claim_expiry(req, now)?;
     let hash = req.identity.hash();
     let config = config_json(&req.completion)?;
     let (hash, config) = (hash.as_str(), config.as_str());
@@ -152,6 +152,19 @@ async fn claim_once(
     let identity = &req.identity;
     let token = uuid::Uuid::new_v4().to_string();
     let mut tx = store.begin(op).await?;
+    // Lock order as everywhere: the action row, then the job row, then claim rows.
+    if let Some(run) = req.run {
+        if let Err(lost) = run_fence(&mut tx, run.lease, op).await {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Err(lost);
+        }
+    }
+    if let Some(job_id) = req.job_id {
+        if let Some(refused) = job_refusal(&mut tx, req, job_id).await? {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok(refused);
+        }
+    }
     sqlx::query(INSERT_OR_LOCK)
         .bind(hash)
         .bind(&identity.scope)
@@ -162,6 +175,10 @@ async fn claim_once(
         .bind(config)
         .bind(ms(now))
         .bind(ms(expires))
+        .bind(req.ttl.num_milliseconds())
+        .bind(req.run.map(|r| r.step))
+        .bind(req.run.map(|r| r.lease.id))
+        .bind(req.run.map(|r| r.lease.token))
         .execute(&mut *tx)
         .await
         .map_err(Error::db(op))?;
@@ -227,7 +244,8 @@ async fn claim_once(
         sqlx::query(
             "UPDATE dockhand_item_claims
              SET status = 'claimed', token = ?, job_id = ?, completion = ?, claimed_at = ?,
-                 expires_at = ?, processed_at = NULL
+                 expires_at = ?, processed_at = NULL, ttl_ms = ?, run_step = ?,
+                 run_action = ?, run_token = ?
              WHERE id = ?",
         )
         .bind(&token)
@@ -235,6 +253,10 @@ async fn claim_once(
         .bind(config)
         .bind(ms(now))
         .bind(ms(expires))
+        .bind(req.ttl.num_milliseconds())
+        .bind(req.run.map(|r| r.step))
+        .bind(req.run.map(|r| r.lease.id))
+        .bind(req.run.map(|r| r.lease.token))
         .bind(id)
         .execute(&mut *tx)
         .await
@@ -317,12 +339,18 @@ async fn complete_once(
             payload: descriptor.completion.payload.clone(),
             now,
         };
-        if let Err(msg) = handler.complete(CompletionTx::MySql(&mut tx), &ctx).await {
-            tx.rollback().await.map_err(Error::db(op))?;
-            return Err(Error::invalid(
-                "completion",
-                handler_failed(&identity.item_id, &msg),
-            ));
+        match run_in_tx(handler.as_ref(), CompletionTx::MySql(&mut tx), &ctx).await {
+            Ok(Ok(())) => {}
+            Ok(Err(failed)) => {
+                tx.rollback().await.map_err(Error::db(op))?;
+                return Err(Error::invalid("completion", failed));
+            }
+            Err(transient) => {
+                // Rolled back whole (dropping the transaction rolls back if this fails too);
+                // `retry_deadlocks` runs it again.
+                let _ = tx.rollback().await;
+                return Err(transient);
+            }
         }
     }
     settle(&mut tx, id, descriptor.completion.retain_processed, now).await?;
@@ -418,4 +446,32 @@ pub(super) async fn tracked_item(
         updated_at: from_ms(r.try_get("updated_at").map_err(d())?),
     };
     Ok((item.namespace == namespace && item.item_id == item_id).then_some(item))
+}
+
+/// The owning job's refusal of a claim ([`refusal`]), read under a share lock on the job row
+/// (a bridge finishing the job holds it `FOR UPDATE` until it commits, so this waits and then
+/// reads the final status); a job id with no row is a free-standing owner and refuses nothing.
+async fn job_refusal(
+    conn: &mut MySqlConnection,
+    req: &ClaimItemRequest,
+    job_id: i64,
+) -> Result<Option<ClaimOutcome>> {
+    let row =
+        sqlx::query("SELECT status, step_index FROM dockhand_jobs WHERE id = ? LOCK IN SHARE MODE")
+            .bind(job_id)
+            .fetch_optional(conn)
+            .await
+            .map_err(Error::db("claim_item (job)"))?;
+    let Some(row) = row else { return Ok(None) };
+    let status = text(&row, "status")?
+        .parse::<JobStatus>()
+        .map_err(|e| Error::Corrupt {
+            what: "job",
+            id: job_id,
+            message: e.to_string(),
+        })?;
+    let step_index: i32 = row
+        .try_get("step_index")
+        .map_err(Error::db("claim_item (job)"))?;
+    Ok(refusal(req, job_id, status, step_index))
 }

@@ -55,6 +55,7 @@ fn request(item: &str, job: i64) -> ClaimItemRequest {
         ttl: Duration::minutes(5),
         completion: CompletionConfig::default(),
         reprocess: false,
+        run: None,
     }
 }
 

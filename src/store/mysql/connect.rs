@@ -161,7 +161,8 @@ impl MySqlStore {
 }
 
 /// Runs `f` (a whole store transaction: begin, work, commit) and runs it again, after a short
-/// jittered backoff, when it failed with a deadlock (1213) or lock wait timeout (1205), up to
+/// jittered backoff, when it failed with a deadlock (1213) or lock wait timeout (1205), or a
+/// completion handler in it failed transiently ([`Error::TransientCompletion`]), up to
 /// a bounded number of attempts; each retry is counted in
 /// [`telemetry::STORE_DEADLOCK_RETRIES`]. Any other error, or the last attempt's, is returned.
 pub(crate) async fn retry_deadlocks<T, F, Fut>(op: &'static str, f: F) -> Result<T>
@@ -177,7 +178,7 @@ where
         .with_max_times(DEADLOCK_ATTEMPTS - 1);
     f.retry(backoff)
         .sleep(tokio::time::sleep)
-        .when(is_deadlock)
+        .when(|e| is_deadlock(e) || matches!(e, Error::TransientCompletion { .. }))
         .notify(|e, after| {
             DEADLOCK_RETRIES.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(

@@ -3,7 +3,8 @@
 //!
 //! The job row is locked first (`FOR UPDATE`), then the job's active claims (in id order). On a
 //! success status every claim's completion handler runs on this transaction and the claim is
-//! marked processed or deleted; any failure rolls the whole transaction back. On failure or
+//! marked processed or deleted; any failure rolls the whole transaction back (a handler's
+//! transient failure, or a deadlock, re-runs it whole). On failure or
 //! cancellation the job's active claims are deleted so the items can be claimed again. The
 //! status write is a compare-and-swap on the status read, and the lifecycle event goes into the
 //! outbox in the same commit.
@@ -15,12 +16,14 @@
 use super::claims::{decode_completion, settle};
 use super::{enqueue::enqueue_one, ts, PgStore};
 use crate::batch::finalize_action;
+use crate::claims::completion::run_in_tx;
 use crate::claims::{
     CompletionConfig, CompletionContext, CompletionRegistry, CompletionTx, Identity,
 };
 use crate::error::{Error, Result};
 use crate::jobs::BridgeOutcome;
 use crate::state::JobStatus;
+use crate::store::rerun::rerun_transaction;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -42,6 +45,22 @@ pub(super) async fn finish_job(
             format!("cannot finish job {job_id} as {status}: not a final status"),
         ));
     }
+    rerun_transaction("postgres", "finish_job", || {
+        finish_once(store, job_id, status, reason, completions, now)
+    })
+    .await
+}
+
+/// One attempt of [`finish_job`] (re-run whole when a completion handler failed transiently
+/// or the transaction deadlocked).
+async fn finish_once(
+    store: &PgStore,
+    job_id: i64,
+    status: JobStatus,
+    reason: Option<&str>,
+    completions: &CompletionRegistry,
+    now: DateTime<Utc>,
+) -> Result<BridgeOutcome> {
     let op = "finish_job";
     let mut tx = store.begin(op).await?;
     let row =
@@ -217,11 +236,12 @@ async fn complete_claims(
             Err(e) => return Ok(Err(format!("item {item}: {e}"))),
         };
         if let Some(handler) = handler {
-            if let Err(msg) = handler
-                .complete(CompletionTx::Postgres(&mut *conn), &ctx)
-                .await
+            // A transient failure is returned as the error: the caller's transaction is
+            // dropped (rolled back) and re-run whole.
+            if let Err(failed) =
+                run_in_tx(handler.as_ref(), CompletionTx::Postgres(&mut *conn), &ctx).await?
             {
-                return Ok(Err(format!("handler failed for item {item}: {msg}")));
+                return Ok(Err(failed));
             }
         }
         settle(conn, id, config.retain_processed, now).await?;

@@ -9,12 +9,16 @@
 //! `claimed`.
 
 use super::{ts, PgStore};
+use crate::claims::completion::run_in_tx;
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
     ClaimFilter, ClaimItemRequest, ClaimOutcome, ClaimStatus, CompleteOutcome, CompletionConfig,
     CompletionContext, CompletionHandler, CompletionTx, Descriptor, Identity, ItemClaim,
 };
 use crate::error::{Error, Result};
+use crate::state::JobStatus;
+use crate::store::claim_rules::{claim_expiry, refusal};
+use crate::store::rerun::rerun_transaction;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -32,24 +36,51 @@ const DEFAULT_LIMIT: i64 = 100;
 pub(super) const COLUMNS: &str = "id, scope, source_type, item_id, status, token, job_id, \
     completion, claimed_at, expires_at, processed_at";
 
-const CLAIM: &str = "INSERT INTO dockhand_item_claims AS c
-    (identity_hash, scope, source_type, item_id, status, token, job_id, completion, claimed_at,
-     expires_at, processed_at)
- VALUES ($1, $2, $3, $4, 'claimed', $5, $6, $7, $8, $9, NULL)
- ON CONFLICT (identity_hash) DO UPDATE SET
-    status = 'claimed',
-    token = CASE WHEN c.status = 'claimed' AND c.job_id = excluded.job_id THEN c.token
-                 ELSE excluded.token END,
-    job_id = excluded.job_id,
-    completion = excluded.completion, claimed_at = excluded.claimed_at,
-    expires_at = excluded.expires_at, processed_at = NULL
- WHERE c.scope = excluded.scope AND c.source_type = excluded.source_type
-   AND c.item_id = excluded.item_id
-   AND (c.status = 'deferred'
-        OR (c.status = 'claimed' AND c.expires_at <= $8)
-        OR (c.status = 'claimed' AND c.job_id = excluded.job_id)
-        OR (c.status = 'processed' AND $10))
- RETURNING token";
+/// Takes a claim in one statement. `run` and `job` lock the step action's and the owning job's
+/// rows for share (a bridge finishing the job holds its row `FOR UPDATE` until it commits, so a
+/// claim waits for it and then reads the final status); `allowed` says whether the claim may be
+/// written; `claimed` is the upsert (C2), which writes nothing when not allowed. The result row
+/// reports all three.
+const CLAIM: &str = "WITH run AS (
+    SELECT 1 FROM dockhand_actions
+    WHERE id = $12 AND status = 'running' AND lease_token = $13
+    FOR SHARE
+), job AS (
+    SELECT status, step_index FROM dockhand_jobs WHERE id = $6 FOR SHARE
+), allowed AS (
+    SELECT ($12::BIGINT IS NULL OR EXISTS (SELECT 1 FROM run))
+       AND NOT EXISTS (
+           SELECT 1 FROM job
+           WHERE status NOT IN ('pending', 'processing', 'waiting')
+              OR ($11::INTEGER IS NOT NULL
+                  AND (status <> 'processing' OR step_index <> $11::INTEGER))) AS ok
+), claimed AS (
+    INSERT INTO dockhand_item_claims AS c
+        (identity_hash, scope, source_type, item_id, status, token, job_id, completion,
+         claimed_at, expires_at, processed_at, ttl_ms, run_step, run_action, run_token)
+    SELECT $1, $2, $3, $4, 'claimed', $5, $6, $7, $8, $9, NULL, $14, $11, $12, $13
+    FROM allowed WHERE allowed.ok
+    ON CONFLICT (identity_hash) DO UPDATE SET
+        status = 'claimed',
+        token = CASE WHEN c.status = 'claimed' AND c.job_id = excluded.job_id THEN c.token
+                     ELSE excluded.token END,
+        job_id = excluded.job_id,
+        completion = excluded.completion, claimed_at = excluded.claimed_at,
+        expires_at = excluded.expires_at, processed_at = NULL, ttl_ms = excluded.ttl_ms,
+        run_step = excluded.run_step, run_action = excluded.run_action,
+        run_token = excluded.run_token
+    WHERE c.scope = excluded.scope AND c.source_type = excluded.source_type
+      AND c.item_id = excluded.item_id
+      AND (c.status = 'deferred'
+           OR (c.status = 'claimed' AND c.expires_at <= $8)
+           OR (c.status = 'claimed' AND c.job_id = excluded.job_id)
+           OR (c.status = 'processed' AND $10))
+    RETURNING token
+)
+SELECT EXISTS (SELECT 1 FROM run) AS run_live,
+       (SELECT status FROM job) AS job_status,
+       (SELECT step_index FROM job) AS job_step,
+       (SELECT token FROM claimed) AS token";
 
 /// The `WHERE` that names one identity by hash and parts (`$1`–`$4`).
 const SAME_IDENTITY: &str =
@@ -120,15 +151,28 @@ pub(super) async fn claim_item(
     req: &ClaimItemRequest,
     now: DateTime<Utc>,
 ) -> Result<ClaimOutcome> {
+    req.identity.validate()?;
+    let expires = claim_expiry(req, now)?;
+    rerun_transaction("postgres", "claim_item", || {
+        claim_once(store, req, now, expires)
+    })
+    .await
+}
+
+/// One run of [`claim_item`]: the statement, then (when the row refused it) a read of the row
+/// to tell contention from a processed item, again when the row changed in between.
+async fn claim_once(
+    store: &PgStore,
+    req: &ClaimItemRequest,
+    now: DateTime<Utc>,
+    expires: DateTime<Utc>,
+) -> Result<ClaimOutcome> {
     let identity = &req.identity;
-    identity.validate()?;
-    let expires = now
-        .checked_add_signed(req.ttl)
-        .ok_or_else(|| Error::invalid("ttl", format!("{} is out of range", req.ttl)))?;
     let hash = identity.hash();
+    let d = || Error::db("claim_item");
     for _ in 0..CLAIM_ATTEMPTS {
         let token = uuid::Uuid::new_v4().to_string();
-        let claimed: Option<String> = sqlx::query_scalar(CLAIM)
+        let row = sqlx::query(CLAIM)
             .bind(&hash)
             .bind(&identity.scope)
             .bind(&identity.source_type)
@@ -139,10 +183,31 @@ pub(super) async fn claim_item(
             .bind(ts(now))
             .bind(ts(expires))
             .bind(req.reprocess)
-            .fetch_optional(&store.pool)
+            .bind(req.run.map(|r| r.step))
+            .bind(req.run.map(|r| r.lease.id))
+            .bind(req.run.map(|r| r.lease.token))
+            .bind(req.ttl.num_milliseconds())
+            .fetch_one(&store.pool)
             .await
-            .map_err(Error::db("claim_item"))?;
-        if let Some(token) = claimed {
+            .map_err(d())?;
+        if let Some(run) = req.run {
+            if !row.try_get::<bool, _>("run_live").map_err(d())? {
+                return Err(run.lease.lost());
+            }
+        }
+        let job: Option<String> = row.try_get("job_status").map_err(d())?;
+        if let (Some(job_id), Some(status)) = (req.job_id, job) {
+            let status = status.parse::<JobStatus>().map_err(|e| Error::Corrupt {
+                what: "job",
+                id: job_id,
+                message: e.to_string(),
+            })?;
+            let step_index: i32 = row.try_get("job_step").map_err(d())?;
+            if let Some(refused) = refusal(req, job_id, status, step_index) {
+                return Ok(refused);
+            }
+        }
+        if let Some(token) = row.try_get::<Option<String>, _>("token").map_err(d())? {
             return Ok(ClaimOutcome::Claimed(Descriptor {
                 identity: identity.clone(),
                 token,
@@ -208,6 +273,20 @@ pub(super) async fn complete_claim(
     handler: Option<Arc<dyn CompletionHandler>>,
     now: DateTime<Utc>,
 ) -> Result<CompleteOutcome> {
+    let handler = handler.as_deref();
+    rerun_transaction("postgres", "complete_claim", || {
+        complete_once(store, descriptor, handler, now)
+    })
+    .await
+}
+
+/// One attempt of [`complete_claim`].
+async fn complete_once(
+    store: &PgStore,
+    descriptor: &Descriptor,
+    handler: Option<&dyn CompletionHandler>,
+    now: DateTime<Utc>,
+) -> Result<CompleteOutcome> {
     let identity = &descriptor.identity;
     let mut tx = store.begin("complete_claim").await?;
     let row = sqlx::query(&format!(
@@ -235,15 +314,17 @@ pub(super) async fn complete_claim(
             payload: descriptor.completion.payload.clone(),
             now,
         };
-        if let Err(msg) = handler
-            .complete(CompletionTx::Postgres(&mut tx), &ctx)
-            .await
-        {
-            tx.rollback().await.map_err(Error::db("complete_claim"))?;
-            return Err(Error::invalid(
-                "completion",
-                format!("handler failed for item {}: {msg}", identity.item_id),
-            ));
+        match run_in_tx(handler, CompletionTx::Postgres(&mut tx), &ctx).await {
+            Ok(Ok(())) => {}
+            Ok(Err(failed)) => {
+                tx.rollback().await.map_err(Error::db("complete_claim"))?;
+                return Err(Error::invalid("completion", failed));
+            }
+            Err(transient) => {
+                // Rolled back whole (dropping the transaction rolls back if this fails too).
+                let _ = tx.rollback().await;
+                return Err(transient);
+            }
         }
     }
     settle(&mut tx, id, descriptor.completion.retain_processed, now).await?;

@@ -4,7 +4,8 @@
 //! (pool accessors, transactional enqueue, the `begin` helper, time binding); `mod.rs` defines
 //! [`PgStore`] and implements [`Store`] by delegating to `enqueue`, `claim`, `finish`, `query`, `schedule` and `maintenance` (actions),
 //! `jobs` (jobs, engine data, the event outbox, packets), `bridge` (the terminal bridge's
-//! transaction), `claims` (item claims) and `ledger` (the tracked-items rows the shipped
+//! transaction), `claims` (item claims), `claim_upkeep` (renewing claims of live jobs,
+//! releasing claims of superseded step runs) and `ledger` (the tracked-items rows the shipped
 //! completion handler writes), `batch` (batch worklists, children, fence and abort) and
 //! `recovery` (job liveness and the invariant audit), `ui` (the operator dashboard's views and
 //! bulk changes); `listen` (PostgreSQL only) owns the wake-up channel name and the LISTEN task.
@@ -19,6 +20,7 @@
 mod batch;
 mod bridge;
 mod claim;
+mod claim_upkeep;
 mod claims;
 mod connect;
 mod enqueue;
@@ -48,7 +50,7 @@ use crate::batch::{
 };
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
-    ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,
+    ClaimFilter, ClaimItemRequest, ClaimOutcome, ClaimRun, CompleteOutcome, CompletionHandler,
     CompletionRegistry, Descriptor, Identity, ItemClaim,
 };
 use crate::error::Result;
@@ -383,6 +385,19 @@ impl Store for PgStore {
 
     async fn tracked_item(&self, namespace: &str, item_id: &str) -> Result<Option<TrackedItem>> {
         claims::tracked_item(self, namespace, item_id).await
+    }
+
+    async fn renew_claims(&self, now: DateTime<Utc>, limit: i64) -> Result<u64> {
+        claim_upkeep::renew_claims(self, now, limit).await
+    }
+
+    async fn release_superseded_claims(
+        &self,
+        job_id: i64,
+        run: ClaimRun,
+        keep_tokens: &[String],
+    ) -> Result<u64> {
+        claim_upkeep::release_superseded_claims(self, job_id, run, keep_tokens).await
     }
 
     async fn fan_out(

@@ -50,6 +50,7 @@ pub(super) async fn claim_for(store: &SqliteStore, job: i64, item: &str) -> Desc
         ttl: Duration::minutes(30),
         completion: CompletionConfig::default(),
         reprocess: false,
+        run: None,
     };
     match store.claim_item(&req, t0()).await.unwrap() {
         ClaimOutcome::Claimed(d) => d,

@@ -1,17 +1,20 @@
 //! SQLite: the terminal bridge's transaction (J4) — the one place a job gets its final status,
 //! together with completing (success) or deleting (failure) the item claims it owns and writing
-//! its lifecycle event, all in one `BEGIN IMMEDIATE` transaction. A batch child's transaction
+//! its lifecycle event, all in one `BEGIN IMMEDIATE` transaction (re-run whole when a
+//! completion handler fails transiently). A batch child's transaction
 //! also bumps its parent's counters and, when that makes a fenced parent due, enqueues the
 //! parent's finalize action.
 
-use super::claims::{config_from, handler_failed, settle};
+use super::claims::{config_from, settle};
 use super::fence::child_finished;
 use super::jobs::{get_job, read_job};
 use super::{ms, SqliteStore};
+use crate::claims::completion::run_in_tx;
 use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identity};
 use crate::error::{Error, Result};
 use crate::jobs::BridgeOutcome;
 use crate::state::JobStatus;
+use crate::store::rerun::rerun_transaction;
 use chrono::{DateTime, Utc};
 use sqlx::{Row, SqliteConnection};
 
@@ -29,6 +32,21 @@ pub(super) async fn finish_job(
             format!("cannot finish job {job_id} as {status}: not a final status"),
         ));
     }
+    rerun_transaction("sqlite", "finish_job", || {
+        finish_once(store, job_id, status, reason, completions, now)
+    })
+    .await
+}
+
+/// One attempt of [`finish_job`] (re-run whole when a completion handler failed transiently).
+async fn finish_once(
+    store: &SqliteStore,
+    job_id: i64,
+    status: JobStatus,
+    reason: Option<&str>,
+    completions: &CompletionRegistry,
+    now: DateTime<Utc>,
+) -> Result<BridgeOutcome> {
     let mut tx = store.begin_write("finish_job").await?;
     let Some(job) = read_job(&mut tx, job_id).await? else {
         tx.rollback().await.map_err(Error::db("finish_job"))?;
@@ -148,11 +166,12 @@ async fn complete_owned_claims(
                 now,
                 identity: identity.clone(),
             };
-            if let Err(msg) = handler
-                .complete(CompletionTx::Sqlite(&mut *conn), &ctx)
-                .await
+            // A transient failure is returned as the error: the caller's transaction is
+            // dropped (rolled back) and re-run whole.
+            if let Err(failed) =
+                run_in_tx(handler.as_ref(), CompletionTx::Sqlite(&mut *conn), &ctx).await?
             {
-                return Ok(Err(handler_failed(item, &msg)));
+                return Ok(Err(failed));
             }
         }
         settle(conn, id, config.retain_processed, now).await?;

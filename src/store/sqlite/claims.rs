@@ -5,13 +5,18 @@
 //! The unique index is the identity hash; every statement also compares the identity's parts in
 //! full, so a (theoretical) hash collision is reported, never merged.
 
+use super::claim_upkeep::run_fence;
 use super::{from_ms, ms, SqliteStore};
+use crate::claims::completion::run_in_tx;
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
     ClaimFilter, ClaimItemRequest, ClaimOutcome, ClaimStatus, CompleteOutcome, CompletionConfig,
     CompletionContext, CompletionHandler, CompletionTx, Descriptor, Identity, ItemClaim,
 };
 use crate::error::{Error, Result};
+use crate::state::JobStatus;
+use crate::store::claim_rules::{claim_expiry, refusal};
+use crate::store::rerun::rerun_transaction;
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
@@ -26,15 +31,17 @@ const MATCHES: &str = "identity_hash = ? AND scope = ? AND source_type = ? AND i
 
 const CLAIM: &str = "INSERT INTO dockhand_item_claims
     (identity_hash, scope, source_type, item_id, status, token, job_id, completion,
-     claimed_at, expires_at)
- VALUES (?1, ?2, ?3, ?4, 'claimed', ?5, ?6, ?7, ?8, ?9)
+     claimed_at, expires_at, ttl_ms, run_step, run_action, run_token)
+ VALUES (?1, ?2, ?3, ?4, 'claimed', ?5, ?6, ?7, ?8, ?9, ?11, ?12, ?13, ?14)
  ON CONFLICT (identity_hash) DO UPDATE SET
     status = 'claimed',
     token = CASE WHEN status = 'claimed' AND job_id = excluded.job_id THEN token
                  ELSE excluded.token END,
     job_id = excluded.job_id,
     completion = excluded.completion, claimed_at = excluded.claimed_at,
-    expires_at = excluded.expires_at, processed_at = NULL
+    expires_at = excluded.expires_at, processed_at = NULL, ttl_ms = excluded.ttl_ms,
+    run_step = excluded.run_step, run_action = excluded.run_action,
+    run_token = excluded.run_token
  WHERE scope = excluded.scope AND source_type = excluded.source_type
    AND item_id = excluded.item_id
    AND (status = 'deferred'
@@ -115,11 +122,6 @@ pub(super) async fn settle(
     Ok(())
 }
 
-/// The error a failed completion handler becomes, naming the item.
-pub(super) fn handler_failed(item_id: &str, msg: &str) -> String {
-    format!("handler failed for item {item_id}: {msg}")
-}
-
 pub(super) async fn claim_item(
     store: &SqliteStore,
     req: &ClaimItemRequest,
@@ -127,12 +129,24 @@ pub(super) async fn claim_item(
 ) -> Result<ClaimOutcome> {
     let identity = &req.identity;
     identity.validate()?;
-    let expires = now
-        .checked_add_signed(req.ttl)
-        .ok_or_else(|| Error::invalid("ttl", format!("{} is out of range", req.ttl)))?;
+    let expires = claim_expiry(req, now)?;
     let hash = identity.hash();
     let token = uuid::Uuid::new_v4().to_string();
+    // `BEGIN IMMEDIATE`: the bridge and the reaper are writers too, so the job and the run
+    // read here cannot change before this commits.
     let mut tx = store.begin_write("claim_item").await?;
+    if let Some(run) = req.run {
+        if let Err(lost) = run_fence(&mut tx, run.lease, "claim_item").await {
+            tx.rollback().await.map_err(Error::db("claim_item"))?;
+            return Err(lost);
+        }
+    }
+    if let Some(job_id) = req.job_id {
+        if let Some(refused) = job_refusal(&mut tx, req, job_id).await? {
+            tx.rollback().await.map_err(Error::db("claim_item"))?;
+            return Ok(refused);
+        }
+    }
     let claimed: Option<String> = sqlx::query_scalar(CLAIM)
         .bind(&hash)
         .bind(&identity.scope)
@@ -144,6 +158,10 @@ pub(super) async fn claim_item(
         .bind(ms(now))
         .bind(ms(expires))
         .bind(req.reprocess)
+        .bind(req.ttl.num_milliseconds())
+        .bind(req.run.map(|r| r.step))
+        .bind(req.run.map(|r| r.lease.id))
+        .bind(req.run.map(|r| r.lease.token))
         .fetch_optional(&mut *tx)
         .await
         .map_err(Error::db("claim_item"))?;
@@ -217,6 +235,20 @@ pub(super) async fn complete_claim(
     handler: Option<Arc<dyn CompletionHandler>>,
     now: DateTime<Utc>,
 ) -> Result<CompleteOutcome> {
+    let handler = handler.as_deref();
+    rerun_transaction("sqlite", "complete_claim", || {
+        complete_once(store, descriptor, handler, now)
+    })
+    .await
+}
+
+/// One attempt of [`complete_claim`].
+async fn complete_once(
+    store: &SqliteStore,
+    descriptor: &Descriptor,
+    handler: Option<&dyn CompletionHandler>,
+    now: DateTime<Utc>,
+) -> Result<CompleteOutcome> {
     let identity = &descriptor.identity;
     let mut tx = store.begin_write("complete_claim").await?;
     let held: Option<(i64, Option<i64>)> = sqlx::query_as(&format!(
@@ -243,12 +275,17 @@ pub(super) async fn complete_claim(
             payload: descriptor.completion.payload.clone(),
             now,
         };
-        if let Err(msg) = handler.complete(CompletionTx::Sqlite(&mut tx), &ctx).await {
-            tx.rollback().await.map_err(Error::db("complete_claim"))?;
-            return Err(Error::invalid(
-                "completion",
-                handler_failed(&identity.item_id, &msg),
-            ));
+        match run_in_tx(handler, CompletionTx::Sqlite(&mut tx), &ctx).await {
+            Ok(Ok(())) => {}
+            Ok(Err(failed)) => {
+                tx.rollback().await.map_err(Error::db("complete_claim"))?;
+                return Err(Error::invalid("completion", failed));
+            }
+            Err(transient) => {
+                // Rolled back whole (dropping the transaction rolls back if this fails too).
+                let _ = tx.rollback().await;
+                return Err(transient);
+            }
         }
     }
     settle(&mut tx, id, descriptor.completion.retain_processed, now).await?;
@@ -334,4 +371,28 @@ pub(super) async fn tracked_item(
             updated_at: from_ms(updated_at),
         },
     ))
+}
+
+/// The owning job's refusal of a claim ([`refusal`]), read on the claim's transaction; a job
+/// id with no row is a free-standing owner and refuses nothing.
+async fn job_refusal(
+    conn: &mut SqliteConnection,
+    req: &ClaimItemRequest,
+    job_id: i64,
+) -> Result<Option<ClaimOutcome>> {
+    let row: Option<(String, i32)> =
+        sqlx::query_as("SELECT status, step_index FROM dockhand_jobs WHERE id = ?")
+            .bind(job_id)
+            .fetch_optional(conn)
+            .await
+            .map_err(Error::db("claim_item (job)"))?;
+    let Some((status, step_index)) = row else {
+        return Ok(None);
+    };
+    let status = status.parse::<JobStatus>().map_err(|e| Error::Corrupt {
+        what: "job",
+        id: job_id,
+        message: e.to_string(),
+    })?;
+    Ok(refusal(req, job_id, status, step_index))
 }

@@ -5,7 +5,8 @@
 //! `mod.rs` defines [`SqliteStore`] and implements [`Store`] by delegating to `enqueue`,
 //! `claim`, `finish`, `query`, `schedule` and `maintenance` (actions), `jobs` (jobs, engine
 //! data, events, packets), `bridge` (the terminal bridge's transaction), `claims` (item
-//! claims), `ledger` (the tracked-items handler's rows), `batch` (fan-out, the worklist and
+//! claims), `claim_upkeep` (renewing claims of live jobs, releasing claims of superseded step
+//! runs, the step-run fence), `ledger` (the tracked-items handler's rows), `batch` (fan-out, the worklist and
 //! child creation), `fence` (fence, aborts, batch state and the children's counters) and
 //! `recovery` (job liveness and the invariant audit).
 //!
@@ -22,6 +23,7 @@ mod batch;
 mod batch_tests;
 mod bridge;
 mod claim;
+mod claim_upkeep;
 mod claims;
 mod connect;
 mod enqueue;
@@ -56,7 +58,7 @@ use crate::batch::{
 };
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
-    ClaimFilter, ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionHandler,
+    ClaimFilter, ClaimItemRequest, ClaimOutcome, ClaimRun, CompleteOutcome, CompletionHandler,
     CompletionRegistry, Descriptor, Identity, ItemClaim,
 };
 use crate::error::Result;
@@ -360,6 +362,19 @@ impl Store for SqliteStore {
 
     async fn tracked_item(&self, namespace: &str, item_id: &str) -> Result<Option<TrackedItem>> {
         claims::tracked_item(self, namespace, item_id).await
+    }
+
+    async fn renew_claims(&self, now: DateTime<Utc>, limit: i64) -> Result<u64> {
+        claim_upkeep::renew_claims(self, now, limit).await
+    }
+
+    async fn release_superseded_claims(
+        &self,
+        job_id: i64,
+        run: ClaimRun,
+        keep_tokens: &[String],
+    ) -> Result<u64> {
+        claim_upkeep::release_superseded_claims(self, job_id, run, keep_tokens).await
     }
 
     async fn fan_out(

@@ -41,6 +41,7 @@ fn req(item: &str, job: Option<i64>, completion: CompletionConfig) -> ClaimItemR
         ttl: Duration::minutes(5),
         completion,
         reprocess: false,
+        run: None,
     }
 }
 
@@ -79,7 +80,7 @@ impl CompletionHandler for WriteThenFail {
         &self,
         tx: CompletionTx<'_>,
         ctx: &CompletionContext,
-    ) -> std::result::Result<(), String> {
+    ) -> crate::claims::CompletionResult {
         TrackedItems.complete(tx, ctx).await?;
         Err("boom".into())
     }

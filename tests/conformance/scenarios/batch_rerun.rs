@@ -200,6 +200,7 @@ pub async fn batch_rerun_leaves_out_held_items_and_survives_a_lost_claim_ack(db:
         ttl: chrono::Duration::hours(1),
         completion: tracked("rerun", 1, true),
         reprocess: false,
+        run: None,
     };
     assert!(matches!(
         db.store.claim_item(&other, db.clock.now()).await.unwrap(),

@@ -17,7 +17,11 @@ pub struct WriteThenFail;
 
 #[async_trait]
 impl CompletionHandler for WriteThenFail {
-    async fn complete(&self, tx: CompletionTx<'_>, ctx: &CompletionContext) -> Result<(), String> {
+    async fn complete(
+        &self,
+        tx: CompletionTx<'_>,
+        ctx: &CompletionContext,
+    ) -> dockhand::claims::CompletionResult {
         TrackedItems.complete(tx, ctx).await?;
         Err("downstream system refused the item".into())
     }

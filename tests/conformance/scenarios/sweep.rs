@@ -111,7 +111,11 @@ const LEDGER_DDL: &str = "CREATE TABLE sweep_ledger (item_id VARCHAR(64) NOT NUL
 
 #[async_trait]
 impl CompletionHandler for SweepLedger {
-    async fn complete(&self, tx: CompletionTx<'_>, ctx: &CompletionContext) -> Result<(), String> {
+    async fn complete(
+        &self,
+        tx: CompletionTx<'_>,
+        ctx: &CompletionContext,
+    ) -> dockhand::claims::CompletionResult {
         let item = ctx.identity.item_id.as_str();
         let token = ctx.token.as_str();
         let err = |e: sqlx::Error| e.to_string();
@@ -213,6 +217,7 @@ async fn free_claim(store: DynStore, clock: TestClock) -> Result<(), HandlerErro
         ttl: chrono::Duration::minutes(10),
         completion: ledger_config(),
         reprocess: false,
+        run: None,
     };
     match store
         .claim_item(&req, clock.now())
@@ -232,6 +237,9 @@ async fn free_claim(store: DynStore, clock: TestClock) -> Result<(), HandlerErro
         }
         ClaimOutcome::AlreadyProcessed => Ok(()),
         ClaimOutcome::HeldByOther => Err(HandlerError::retry("item held")),
+        ClaimOutcome::JobNotLive { job_id, .. } => Err(HandlerError::fatal(format!(
+            "no job owns this claim, yet job {job_id} refused it"
+        ))),
     }
 }
 

@@ -212,6 +212,7 @@ pub async fn ops_claim_pages_and_scopes(db: TestDb) {
             ttl,
             completion: CompletionConfig::default(),
             reprocess: false,
+            run: None,
         };
         match db.store.claim_item(&req, now).await.unwrap() {
             ClaimOutcome::Claimed(d) => descriptors.push((n, d)),

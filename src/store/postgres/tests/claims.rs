@@ -21,7 +21,7 @@ impl CompletionHandler for WriteThenFail {
         &self,
         tx: CompletionTx<'_>,
         ctx: &CompletionContext,
-    ) -> std::result::Result<(), String> {
+    ) -> crate::claims::CompletionResult {
         TrackedItems.complete(tx, ctx).await?;
         Err("downstream said no".into())
     }

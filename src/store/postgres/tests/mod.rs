@@ -66,6 +66,7 @@ pub(super) fn req(item: &str, job: Option<i64>, completion: CompletionConfig) ->
         ttl: Duration::minutes(5),
         completion,
         reprocess: false,
+        run: None,
     }
 }
 

@@ -1,0 +1,117 @@
+//! PostgreSQL: keeping item claims true to their owners while work goes on — renewing the
+//! claims of live jobs ([`crate::Store::renew_claims`]) and releasing the claims superseded
+//! step runs took ([`crate::Store::release_superseded_claims`]).
+
+use super::{ts, PgStore};
+use crate::claims::ClaimRun;
+use crate::error::{Error, Result};
+use crate::store::Lease;
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, Row};
+
+/// One bounded batch: the due claims of live jobs, soonest expiry first (over the partial
+/// index on `expires_at`), locked `SKIP LOCKED` so a claim being completed or taken over is
+/// left for the next pass; the job rows are only read.
+const RENEW: &str = "UPDATE dockhand_item_claims c
+    SET expires_at = $1 + c.ttl_ms * INTERVAL '1 millisecond'
+    FROM (SELECT d.id FROM dockhand_item_claims d
+          JOIN dockhand_jobs j ON j.id = d.job_id
+          WHERE d.status = 'claimed' AND d.ttl_ms IS NOT NULL
+            AND d.expires_at <= $1 + (d.ttl_ms / 2) * INTERVAL '1 millisecond'
+            AND j.status IN ('pending', 'processing', 'waiting')
+          ORDER BY d.expires_at
+          LIMIT $2
+          FOR UPDATE OF d SKIP LOCKED) due
+    WHERE c.id = due.id AND c.status = 'claimed'";
+
+pub(super) async fn renew_claims(store: &PgStore, now: DateTime<Utc>, limit: i64) -> Result<u64> {
+    let done = sqlx::query(RENEW)
+        .bind(ts(now))
+        .bind(limit.max(1))
+        .execute(&store.pool)
+        .await
+        .map_err(Error::db("renew_claims"))?;
+    Ok(done.rows_affected())
+}
+
+/// The claims of `job_id` that another run of step `run.step` took and that are still
+/// claimed (`FOR UPDATE` when `lock`).
+fn superseded_sql(lock: bool) -> String {
+    format!(
+        "SELECT id, token FROM dockhand_item_claims
+         WHERE job_id = $1 AND status = 'claimed' AND run_step = $2
+           AND (run_action <> $3 OR run_token <> $4)
+         ORDER BY id{}",
+        if lock { " FOR UPDATE" } else { "" }
+    )
+}
+
+pub(super) async fn release_superseded_claims(
+    store: &PgStore,
+    job_id: i64,
+    run: ClaimRun,
+    keep_tokens: &[String],
+) -> Result<u64> {
+    let op = "release_superseded_claims";
+    // The common case releases nothing: one read checks the lease and finds no candidate.
+    let row = sqlx::query(&format!(
+        "SELECT EXISTS (SELECT 1 FROM dockhand_actions
+                        WHERE id = $3 AND status = 'running' AND lease_token = $4) AS live,
+                EXISTS ({}) AS any",
+        superseded_sql(false)
+    ))
+    .bind(job_id)
+    .bind(run.step)
+    .bind(run.lease.id)
+    .bind(run.lease.token)
+    .fetch_one(&store.pool)
+    .await
+    .map_err(Error::db(op))?;
+    if !row.try_get::<bool, _>("live").map_err(Error::db(op))? {
+        return Err(run.lease.lost());
+    }
+    if !row.try_get::<bool, _>("any").map_err(Error::db(op))? {
+        return Ok(0);
+    }
+    let mut tx = store.begin(op).await?;
+    run_fence(&mut tx, run.lease, op).await?;
+    let rows = sqlx::query(&superseded_sql(true))
+        .bind(job_id)
+        .bind(run.step)
+        .bind(run.lease.id)
+        .bind(run.lease.token)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+    let mut ids = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let token: Option<String> = row.try_get("token").map_err(Error::db(op))?;
+        if !token.is_some_and(|t| keep_tokens.contains(&t)) {
+            ids.push(row.try_get::<i64, _>("id").map_err(Error::db(op))?);
+        }
+    }
+    let done = sqlx::query("DELETE FROM dockhand_item_claims WHERE id = ANY($1)")
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok(done.rows_affected())
+}
+
+/// Fails with [`Error::LeaseLost`] unless action `lease.id` still runs under `lease.token`;
+/// `FOR SHARE` holds the action row until the caller commits, so the reaper (which skips
+/// locked rows) cannot expire the lease, nor a newer run claim the action, in between.
+async fn run_fence(conn: &mut PgConnection, lease: Lease, op: &'static str) -> Result<()> {
+    let live: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM dockhand_actions
+         WHERE id = $1 AND status = 'running' AND lease_token = $2
+         FOR SHARE",
+    )
+    .bind(lease.id)
+    .bind(lease.token)
+    .fetch_optional(conn)
+    .await
+    .map_err(Error::db(op))?;
+    live.map(|_| ()).ok_or_else(|| lease.lost())
+}
