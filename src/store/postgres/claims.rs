@@ -5,8 +5,12 @@
 //! the `WHERE` on the committed row, so contention yields no row (never a unique-violation
 //! error) and is reported as [`ClaimOutcome::HeldByOther`]. A job claiming an item it already
 //! holds (a retried step) gets the claim again with the same token and a fresh expiry, as on
-//! SQLite. Completing and releasing are fenced by identity (hash and parts) + token + status
-//! `claimed`.
+//! SQLite. The same statement first locks the owning job's row (and a step run's action row)
+//! `FOR SHARE` and writes nothing when the job is final or the run lost its lease, so a claim
+//! never commits after the terminal bridge settled its job's claims. Completing and releasing
+//! are fenced by identity (hash and parts) + token + status `claimed`; completing runs the
+//! handler through `claims::completion::run_in_tx` and re-runs the transaction on a transient
+//! handler failure.
 
 use super::{ts, PgStore};
 use crate::claims::completion::run_in_tx;

@@ -3,7 +3,10 @@
 //! tracked-items ledger (C8).
 //!
 //! The unique index is the identity hash; every statement also compares the identity's parts in
-//! full, so a (theoretical) hash collision is reported, never merged.
+//! full, so a (theoretical) hash collision is reported, never merged. A claim reads its job
+//! (and a step run's action) under the same `BEGIN IMMEDIATE` as the upsert and writes nothing
+//! when the job is final or the run lost its lease; completing re-runs the transaction on a
+//! handler's transient failure.
 
 use super::claim_upkeep::run_fence;
 use super::{from_ms, ms, SqliteStore};
