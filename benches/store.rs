@@ -157,6 +157,7 @@ async fn claim(store: &DynStore, limit: usize) -> Vec<ClaimedAction> {
             now,
             lease_until: now + chrono::Duration::seconds(300),
             hooks: None,
+            routing: None,
         })
         .await
         .expect("claim")

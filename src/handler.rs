@@ -67,16 +67,10 @@ pub type HandlerResult = Result<(), HandlerError>;
 pub(crate) type BoxHandler =
     Arc<dyn Fn(ActionContext) -> BoxFuture<'static, HandlerResult> + Send + Sync>;
 
-/// Called after an action of a hook ended `failed` for good (with the error text), so the
-/// machinery it drives (a job step) can follow it.
-pub(crate) type FailureObserver =
-    Arc<dyn Fn(ActionContext, String) -> BoxFuture<'static, ()> + Send + Sync>;
-
 /// Hook name → handler.
 #[derive(Clone, Default)]
 pub(crate) struct Registry {
     handlers: HashMap<String, BoxHandler>,
-    observers: HashMap<String, FailureObserver>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -97,14 +91,6 @@ impl Registry {
 
     pub(crate) fn get(&self, hook: &str) -> Option<&BoxHandler> {
         self.handlers.get(hook)
-    }
-
-    pub(crate) fn observe_failures(&mut self, hook: impl Into<String>, f: FailureObserver) {
-        self.observers.insert(hook.into(), f);
-    }
-
-    pub(crate) fn failure_observer(&self, hook: &str) -> Option<&FailureObserver> {
-        self.observers.get(hook)
     }
 
     /// The registered hooks, sorted.

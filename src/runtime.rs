@@ -10,7 +10,7 @@ use crate::handler::{ActionContext, HandlerResult, Registry};
 use crate::jobs::api::Jobs;
 use crate::jobs::engine::{Engine, LifecycleHook, LifecycleHooks, ReprocessContext, ReprocessFn};
 use crate::jobs::pipeline::{Pipeline, PipelineRegistry};
-use crate::jobs::{JobEvent, STEP_HOOK};
+use crate::jobs::{JobEvent, StepAction, FINISH_HOOK, STEP_HOOK};
 use crate::maintenance::{Maintenance, MaintenanceConfig, MaintenanceReport};
 use crate::queue::Queue;
 use crate::runner::{Runner, RunnerConfig};
@@ -258,13 +258,8 @@ impl RuntimeBuilder {
             self.registry
                 .insert(FINALIZE_HOOK, move |ctx| Arc::clone(&e).run_finalize(ctx));
             let e = Arc::clone(&engine);
-            self.registry.observe_failures(
-                STEP_HOOK,
-                Arc::new(move |ctx, error| {
-                    let e = Arc::clone(&e);
-                    Box::pin(async move { e.on_step_failed(&ctx, &error).await })
-                }),
-            );
+            self.registry
+                .insert(FINISH_HOOK, move |ctx| Arc::clone(&e).run_job_finish(ctx));
         }
         let maintenance = Arc::new(
             Maintenance::new(
@@ -279,8 +274,10 @@ impl RuntimeBuilder {
             .runner
             .only_registered_hooks
             .then(|| self.registry.hook_list());
+        let routing = engine_routing(&engine.pipelines);
         let runner = Arc::new(Runner {
             claim_hooks,
+            routing,
             store: Arc::clone(&store),
             clock,
             registry: Arc::new(self.registry),
@@ -296,6 +293,27 @@ impl RuntimeBuilder {
             db_clock,
         })
     }
+}
+
+/// How a runtime routes the job engine's actions (see [`crate::store::Routing`]): step and
+/// finish actions only of the pipelines it has (group `pipeline:<name>`), chunk and finalize
+/// actions (group `dockhand.batch`) only when it has any pipeline. So runtimes with different
+/// pipeline sets share one database without failing each other's jobs, and a runtime without
+/// pipelines leaves the job engine's actions alone.
+fn engine_routing(pipelines: &PipelineRegistry) -> (Vec<String>, Vec<String>) {
+    let hooks = [STEP_HOOK, FINISH_HOOK, CHUNK_HOOK, FINALIZE_HOOK]
+        .map(String::from)
+        .to_vec();
+    let mut groups: Vec<String> = pipelines
+        .pipelines
+        .keys()
+        .map(|p| StepAction::group_for(p))
+        .collect();
+    if !groups.is_empty() {
+        groups.push(crate::batch::GROUP.to_string());
+    }
+    groups.sort();
+    (hooks, groups)
 }
 
 /// A configured runtime: enqueue through [`Runtime::queue`], run workers with

@@ -169,6 +169,7 @@ impl Dashboard {
                     now: t0 - Duration::seconds(30),
                     lease_until: t0,
                     hooks: Some(&hooks),
+                    routing: None,
                 })
                 .await
                 .expect("claim");

@@ -25,6 +25,8 @@ use serde::Serialize;
 pub const CHUNK_HOOK: &str = "dockhand.batch.chunk";
 /// The hook of the finalize action.
 pub const FINALIZE_HOOK: &str = "dockhand.batch.finalize";
+/// The group of chunk and finalize actions (claimed by any runtime that has pipelines).
+pub const GROUP: &str = "dockhand.batch";
 /// Default number of worklist rows turned into children per chunk action.
 pub const DEFAULT_CHUNK_SIZE: i32 = 100;
 /// How many times creating one child may fail before its row is discarded (B4).
@@ -50,7 +52,7 @@ pub fn chunk_action(parent: i64, offset: i64, priority: i32, now: DateTime<Utc>)
     PreparedAction {
         hook: CHUNK_HOOK.to_string(),
         args_json: format!(r#"{{"offset":{offset},"parent":{parent}}}"#),
-        group: Some("dockhand.batch".into()),
+        group: Some(GROUP.into()),
         priority,
         scheduled_at: crate::clock::to_millis(now),
         max_attempts: 25,
@@ -65,7 +67,7 @@ pub fn finalize_action(parent: i64, now: DateTime<Utc>) -> PreparedAction {
     PreparedAction {
         hook: FINALIZE_HOOK.to_string(),
         args_json: format!(r#"{{"parent":{parent}}}"#),
-        group: Some("dockhand.batch".into()),
+        group: Some(GROUP.into()),
         priority: 0,
         scheduled_at: crate::clock::to_millis(now),
         max_attempts: 25,

@@ -152,7 +152,7 @@ impl Engine {
             .unwrap_or(StepAction {
                 priority: crate::action::DEFAULT_PRIORITY,
                 max_attempts: 3,
-                group: Some(format!("pipeline:{pipeline}")),
+                group: Some(StepAction::group_for(pipeline)),
             })
     }
 

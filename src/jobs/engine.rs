@@ -290,48 +290,6 @@ impl Engine {
         Ok(())
     }
 
-    /// Called by the runner when a step action ended `failed` for good: the job follows it
-    /// through the bridge (`retry_exhausted` after the last attempt, `step_failed` for a fatal
-    /// error).
-    pub(crate) async fn on_step_failed(&self, action: &ActionContext, error: &str) {
-        let Ok((job_id, _)) = step_args(action) else {
-            return;
-        };
-        let why = if action.attempt >= action.max_attempts {
-            reason::RETRY_EXHAUSTED
-        } else {
-            reason::STEP_FAILED
-        };
-        tracing::warn!(job_id, %error, reason = why, "step failed for good");
-        if let Err(e) = self.bridge(job_id, JobStatus::Failed, Some(why)).await {
-            tracing::error!(job_id, error = %e, "could not finish the job; recover-stuck will");
-        }
-    }
-
-    /// R1: the reaper marked action `action_id` failed (its lease expired with no attempt
-    /// left). When it is a step action, its job follows through the bridge as
-    /// `failed / retry_exhausted`, exactly as if the last attempt had failed in a runner.
-    pub(crate) async fn on_action_reaped(&self, action_id: i64) {
-        let action = match self.store.get(action_id).await {
-            Ok(Some(a)) if a.hook == super::STEP_HOOK => a,
-            Ok(_) => return,
-            Err(e) => {
-                tracing::error!(action_id, error = %e, "could not read a reaped action; recover-stuck will finish its job");
-                return;
-            }
-        };
-        let Some(job_id) = action.args.get("job").and_then(|v| v.as_i64()) else {
-            return;
-        };
-        tracing::warn!(job_id, action_id, "step lease expired with no attempt left");
-        if let Err(e) = self
-            .bridge(job_id, JobStatus::Failed, Some(reason::RETRY_EXHAUSTED))
-            .await
-        {
-            tracing::error!(job_id, error = %e, "could not finish the job; recover-stuck will");
-        }
-    }
-
     /// Claims `identity` for the step's job, as this run of the step (fenced by its lease,
     /// recorded on the claim) and with the step's TTL; when it was processed already, asks the
     /// reprocess callback (with the executing step's id) whether to take it again. `None` also

@@ -4,6 +4,7 @@
 //! - `pipeline`: pipelines, steps, what a step sees and returns.
 //! - `engine`: runs step actions, claims for steps, delivers lifecycle events.
 //! - `bridge`: the terminal bridge, the one writer of final statuses.
+//! - `finish`: the durable follow-up of a step action that failed for good.
 //! - `engine_data`: compare-and-swap mutation of a job's JSON document.
 //! - `packets`: content-addressed step output.
 //! - `api`: the [`api::Jobs`] handle.
@@ -13,6 +14,7 @@ pub mod api;
 pub mod bridge;
 pub mod engine;
 pub mod engine_data;
+pub mod finish;
 pub mod packets;
 pub mod pipeline;
 
@@ -23,6 +25,8 @@ use serde_json::Value;
 
 /// The hook of the action that runs one step of one job.
 pub const STEP_HOOK: &str = "dockhand.job.step";
+
+pub use finish::FINISH_HOOK;
 
 /// A stored job.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -63,6 +67,13 @@ pub struct StepAction {
 }
 
 impl StepAction {
+    /// The group of pipeline `pipeline`'s step and finish actions, `pipeline:<name>`: what
+    /// runners route them by (a runtime claims only those of pipelines it has; see
+    /// [`crate::store::Routing`]).
+    pub fn group_for(pipeline: &str) -> String {
+        format!("pipeline:{pipeline}")
+    }
+
     /// The action that runs step `step` of job `job`: hook [`STEP_HOOK`], args
     /// `{"job": job, "step": step}`, unique among active actions per (job, step).
     pub fn action(&self, job: i64, step: i32, now: DateTime<Utc>) -> crate::action::PreparedAction {

@@ -217,7 +217,7 @@ impl Pipeline {
         super::StepAction {
             priority: self.priority,
             max_attempts: i32::try_from(self.max_attempts).unwrap_or(i32::MAX),
-            group: Some(format!("pipeline:{}", self.name)),
+            group: Some(super::StepAction::group_for(&self.name)),
         }
     }
 }

@@ -185,7 +185,9 @@ impl Maintenance {
             .await
     }
 
-    /// R1: expired leases back to pending or failed.
+    /// R1: expired leases back to pending or failed. A step action failed here leaves its
+    /// job's `dockhand.job.finish` action (enqueued by the store in the same transaction), so
+    /// the job follows through the bridge even when this process stops right after.
     pub async fn reap(&self, report: &mut MaintenanceReport) -> Result<()> {
         async {
             loop {
@@ -195,11 +197,6 @@ impl Maintenance {
                     .await?;
                 report.requeued += r.requeued;
                 report.reaped_failed += r.failed;
-                if let Some(engine) = &self.outbox {
-                    for &id in &r.failed_ids {
-                        engine.on_action_reaped(id).await;
-                    }
-                }
                 if r.requeued > 0 {
                     metrics::counter!(telemetry::REAPED, "outcome" => "requeued")
                         .increment(r.requeued);

@@ -58,13 +58,9 @@ impl Runner {
             metrics::histogram!(telemetry::RUN_DURATION, "hook" => action.hook.clone())
                 .record(started.elapsed().as_secs_f64());
             let outcome = self.outcome(&action, end);
-            let result = self.finish(&action, &outcome, acks).await;
-            if let (Some(FinishResult::Applied), Finish::Fail { error }) = (result, &outcome) {
-                if let Some(observer) = self.registry.failure_observer(&action.hook) {
-                    observer(self.context(&action), error.clone()).await;
-                }
-            }
-            result
+            // A step action failed for good leaves its job's finish action in the same
+            // store write (jobs::finish), so nothing has to follow it up here.
+            self.finish(&action, &outcome, acks).await
         }
         .instrument(span)
         .await

@@ -12,7 +12,7 @@ use crate::clock::Clock;
 use crate::error::Result;
 use crate::handler::Registry;
 use crate::queue::Queue;
-use crate::store::{ClaimRequest, ClaimedAction, DynStore, Finish, Lease};
+use crate::store::{ClaimRequest, ClaimedAction, DynStore, Finish, Lease, Routing};
 use crate::telemetry;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -100,6 +100,9 @@ pub struct Runner {
     pub(crate) queue: Queue,
     /// The hook filter for claims (`Some` when `only_registered_hooks`).
     pub(crate) claim_hooks: Option<Vec<String>>,
+    /// The routed hooks and the groups this runner takes them from (the job engine's
+    /// actions, by pipeline); see [`crate::store::Routing`].
+    pub(crate) routing: (Vec<String>, Vec<String>),
 }
 
 impl std::fmt::Debug for Runner {
@@ -132,6 +135,10 @@ impl Runner {
                 now,
                 lease_until: now + lease,
                 hooks: self.claim_hooks.as_deref(),
+                routing: Some(Routing {
+                    hooks: &self.routing.0,
+                    groups: &self.routing.1,
+                }),
             })
             .await?;
         if !claimed.is_empty() {

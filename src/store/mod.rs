@@ -47,7 +47,7 @@ mod types;
 
 pub use types::{
     Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
-    JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, ThroughputBucket,
+    JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Routing, ThroughputBucket,
 };
 
 /// Every database action the runtime needs. Implemented by [`sqlite::SqliteStore`],
@@ -72,13 +72,16 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<Enqueued>>;
 
     /// Claims up to `limit` due pending actions in (priority, scheduled_at, id) order, stamping
-    /// owner, a new fencing token and the lease expiry, and counting an attempt.
+    /// owner, a new fencing token and the lease expiry, and counting an attempt. Only actions
+    /// `req.hooks` and `req.routing` allow (each a filter on the ordered scan).
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Vec<ClaimedAction>>;
 
     /// Extends the leases still held by `owner` with these tokens; returns how many were.
     async fn heartbeat(&self, owner: &str, leases: &[Lease], until: DateTime<Utc>) -> Result<u64>;
 
-    /// Finishes a run, guarded by id + token + status running.
+    /// Finishes a run, guarded by id + token + status running. A `Fail` of a step action
+    /// (`dockhand.job.step`) also enqueues its job's finish action
+    /// ([`crate::jobs::finish::followup`]) in the same transaction.
     async fn finish(
         &self,
         lease: Lease,
@@ -154,7 +157,9 @@ pub trait Store: Send + Sync + 'static {
     /// Enables or disables a schedule by id.
     async fn set_schedule_enabled(&self, id: i64, enabled: bool) -> Result<bool>;
 
-    /// Running actions whose lease expired: back to pending, or failed when out of attempts.
+    /// Running actions whose lease expired: back to pending, or failed when out of attempts
+    /// (a failed step action enqueues its job's finish action in the same transaction, as
+    /// [`Store::finish`] does).
     async fn reap_expired(&self, now: DateTime<Utc>, limit: i64) -> Result<ReapReport>;
 
     /// Deletes one batch of old finished actions and their logs; returns actions deleted.

@@ -46,6 +46,7 @@ pub(crate) async fn running_lease<S: Store + ?Sized>(
             now,
             lease_until: now + Duration::days(1),
             hooks: Some(&hooks),
+            routing: None,
         })
         .await
         .expect("claim");

@@ -51,6 +51,25 @@ pub struct ClaimRequest<'a> {
     /// Claim only actions with these hooks (`None`: any hook; an action whose hook has no
     /// handler then fails with an "unknown hook" error, as in Action Scheduler).
     pub hooks: Option<&'a [String]>,
+    /// Claim actions of routed hooks only from some groups (`None`: no routing). A runtime
+    /// passes the job engine's hooks and the groups of the pipelines it has, so it never
+    /// claims (and fails) a step of a pipeline it lacks.
+    pub routing: Option<Routing<'a>>,
+}
+
+/// Which groups a runner takes the actions of routed hooks from: an action whose hook is in
+/// `hooks` is claimable only when its group is in `groups`; other actions are unaffected.
+///
+/// The job engine routes its actions by pipeline: step and finish actions carry the group
+/// `pipeline:<name>` ([`crate::jobs::StepAction::group_for`]), so several runtimes with
+/// different pipeline sets can share one database. A filter on the claim scan, like `hooks`:
+/// the claim still walks its (priority, scheduled_at, id) index in order (Q3).
+#[derive(Debug, Clone, Copy)]
+pub struct Routing<'a> {
+    /// The routed hooks.
+    pub hooks: &'a [String],
+    /// The groups this runner takes routed actions from (empty: none).
+    pub groups: &'a [String],
 }
 
 /// An action handed to a runner with its lease.
@@ -195,7 +214,8 @@ pub struct ReapReport {
     pub requeued: u64,
     /// Expired leases with no attempts left, marked failed.
     pub failed: u64,
-    /// The ids of the actions marked failed (so the jobs they drive can follow, R1).
+    /// The ids of the actions marked failed (the jobs of failed step actions follow through
+    /// the finish actions enqueued with them, R1).
     pub failed_ids: Vec<i64>,
 }
 

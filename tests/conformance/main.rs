@@ -104,6 +104,14 @@ conformance!(
     fault_completion_ack_lost_is_not_repeated,
     fault_claim_ack_lost_is_taken_over_after_ttl,
     fault_transient_finish_is_retried_in_process,
+    // A step failed for good always finishes its job (issue 15, defect 3; S-B15)
+    s_b15_bridge_error_after_the_last_attempt_is_retried,
+    step_failure_committed_with_lost_ack_still_fails_the_job,
+    reaped_step_with_bridge_error_is_finished_by_maintenance,
+    // Runtimes with different pipeline sets on one database (issue 15, defect 12)
+    two_runtimes_with_different_pipelines_finish_their_own_jobs,
+    runtime_without_pipelines_leaves_job_actions_alone,
+    step_rows_from_before_the_routing_still_run,
     // Operator views and bulk changes (the dashboard)
     ops_keyset_lists_every_row_once_in_each_order,
     ops_filters_and_capped_counts,

@@ -65,6 +65,7 @@ pub async fn many(f: &Fixture) -> Many {
             now,
             lease_until: now + Duration::minutes(5),
             hooks: Some(&hooks),
+            routing: None,
         })
         .await
         .expect("claim");
@@ -223,6 +224,7 @@ pub async fn batch(f: &Fixture) -> Batch {
             now: t0(),
             lease_until: t0() + Duration::minutes(1),
             hooks: Some(&hooks),
+            routing: None,
         })
         .await
         .expect("claim")

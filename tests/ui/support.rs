@@ -62,6 +62,7 @@ impl Fixture {
                 now,
                 lease_until: now + Duration::seconds(30),
                 hooks: Some(&hooks),
+                routing: None,
             })
             .await
             .expect("claim");

@@ -3,7 +3,8 @@
 //! Claim (Q3), one transaction: `SELECT id … WHERE status = 'pending' AND scheduled_at <= now
 //! ORDER BY priority, scheduled_at, id LIMIT n FOR UPDATE SKIP LOCKED` over the index
 //! `(status, priority, scheduled_at, id)` (concurrent claimers take disjoint rows without
-//! waiting), then one `UPDATE … WHERE id IN (…)` stamping the lease, the rows read back, and one
+//! waiting; the hook filter and the routing of [`crate::store::Routing`] filter that scan),
+//! then one `UPDATE … WHERE id IN (…)` stamping the lease, the rows read back, and one
 //! multi-row insert of `started` log rows.
 
 use super::{from_ms, ms, opt_text, retry_deadlocks, text, MySqlStore};
@@ -63,6 +64,23 @@ async fn claim_on(
         let mut sep = qb.separated(", ");
         for h in hooks {
             sep.push_bind(h.as_str());
+        }
+        qb.push(")");
+    }
+    if let Some(routing) = req.routing.filter(|r| !r.hooks.is_empty()) {
+        qb.push(" AND (hook NOT IN (");
+        let mut sep = qb.separated(", ");
+        for h in routing.hooks {
+            sep.push_bind(h.as_str());
+        }
+        qb.push(")");
+        if !routing.groups.is_empty() {
+            qb.push(" OR group_name IN (");
+            let mut sep = qb.separated(", ");
+            for g in routing.groups {
+                sep.push_bind(g.as_str());
+            }
+            qb.push(")");
         }
         qb.push(")");
     }

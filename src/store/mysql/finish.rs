@@ -3,15 +3,19 @@
 //! Every finishing UPDATE is guarded by id + fencing token + status `running`; zero rows is
 //! [`FinishResult::LeaseLost`] and only a `lease_lost` log row is written. Every UPDATE that
 //! moves an action out of pending/running clears `active_key`, freeing its unique key (Q6);
-//! putting one back to pending restores it from `unique_key`.
+//! putting one back to pending restores it from `unique_key`. A step action that ends failed
+//! enqueues its job's finish action in the same transaction (`jobs::finish`).
 //!
 //! Batched acknowledgements lock their rows first (`SELECT … FOR UPDATE`, in id order), decide
 //! each guard on the locked rows, then write every completion in one UPDATE, every release in
 //! another, the rest row by row, and all log rows in one multi-row insert.
 
 use super::claim::push_ids;
-use super::{ms, retry_deadlocks, text, MySqlStore};
+use super::enqueue::enqueue_one;
+use super::{ms, opt_text, retry_deadlocks, text, MySqlStore};
 use crate::error::{Error, Result};
+use crate::jobs::finish::{followup, FailedAction};
+use crate::jobs::STEP_HOOK;
 use crate::store::{Finish, FinishResult, Lease};
 use chrono::{DateTime, Utc};
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
@@ -36,13 +40,21 @@ pub(super) async fn finish(
     outcome: &Finish,
     now: DateTime<Utc>,
 ) -> Result<FinishResult> {
-    retry_deadlocks("finish", || async move {
+    let result = retry_deadlocks("finish", || async move {
         let mut tx = store.begin("finish").await?;
         let result = finish_on(&mut tx, lease, outcome, now).await?;
         tx.commit().await.map_err(Error::db("finish"))?;
         Ok(result)
     })
-    .await
+    .await?;
+    if matches!(
+        (result, outcome),
+        (FinishResult::Applied, Finish::Fail { .. })
+    ) {
+        // A failed step action enqueued its job's finish action.
+        store.wake.notify();
+    }
+    Ok(result)
 }
 
 /// One guarded finish on an open transaction.
@@ -56,6 +68,9 @@ async fn finish_on(
     let result = if done == 1 {
         let (event, detail) = outcome.log_entry();
         log(tx, lease.id, now, event, detail).await?;
+        if matches!(outcome, Finish::Fail { .. }) {
+            enqueue_followups(tx, &[lease.id], now).await?;
+        }
         FinishResult::Applied
     } else {
         let (event, detail) = outcome.lease_lost_entry(lease.token);
@@ -63,6 +78,52 @@ async fn finish_on(
         FinishResult::LeaseLost
     };
     Ok(result)
+}
+
+/// Enqueues the finish action each of `ids` (actions this transaction has just failed, their
+/// rows locked) leaves behind when it is a step action ([`crate::jobs::finish`]).
+pub(super) async fn enqueue_followups(
+    tx: &mut MySqlConnection,
+    ids: &[i64],
+    now: DateTime<Utc>,
+) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+        "SELECT id, hook, args, group_name, priority, attempt, max_attempts
+         FROM dockhand_actions WHERE hook = ",
+    );
+    qb.push_bind(STEP_HOOK).push(" AND id IN (");
+    push_ids(&mut qb, ids);
+    qb.push(") ORDER BY id");
+    let rows = qb
+        .build()
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(Error::db("failed step actions"))?;
+    for row in rows {
+        let d = || Error::db("decode failed action");
+        let id: i64 = row.try_get("id").map_err(d())?;
+        let args_text = text(&row, "args").map_err(d())?;
+        let args = serde_json::from_str(&args_text).map_err(|e| Error::Corrupt {
+            what: "action",
+            id,
+            message: format!("args: {e}"),
+        })?;
+        let failed = FailedAction {
+            hook: text(&row, "hook").map_err(d())?,
+            args,
+            group: opt_text(&row, "group_name").map_err(d())?,
+            priority: row.try_get("priority").map_err(d())?,
+            attempt: row.try_get("attempt").map_err(d())?,
+            max_attempts: row.try_get("max_attempts").map_err(d())?,
+        };
+        if let Some(action) = followup(&failed, now) {
+            enqueue_one(tx, &action, now).await?;
+        }
+    }
+    Ok(())
 }
 
 /// The guarded UPDATE of one finish; returns the rows it matched (0 or 1).
@@ -119,7 +180,7 @@ pub(super) async fn finish_many(
     if items.is_empty() {
         return Ok(Vec::new());
     }
-    retry_deadlocks("finish_many", || async move {
+    let out = retry_deadlocks("finish_many", || async move {
         let mut tx = store.begin("finish_many").await?;
         let mut out = Vec::with_capacity(items.len());
         for chunk in items.chunks(FINISH_CHUNK) {
@@ -128,7 +189,15 @@ pub(super) async fn finish_many(
         tx.commit().await.map_err(Error::db("finish_many"))?;
         Ok(out)
     })
-    .await
+    .await?;
+    if items
+        .iter()
+        .zip(&out)
+        .any(|((_, o), r)| matches!((r, o), (FinishResult::Applied, Finish::Fail { .. })))
+    {
+        store.wake.notify();
+    }
+    Ok(out)
 }
 
 async fn finish_chunk(
@@ -173,6 +242,9 @@ async fn finish_chunk(
                 other => {
                     if update_one(tx, *lease, other, now).await? != 1 {
                         return Err(lost_lock(lease.id));
+                    }
+                    if matches!(other, Finish::Fail { .. }) {
+                        enqueue_followups(tx, &[lease.id], now).await?;
                     }
                 }
             }

@@ -5,6 +5,7 @@
 //! disjoint rows without waiting.
 
 use super::claim::push_ids;
+use super::finish::enqueue_followups;
 use super::{ms, retry_deadlocks, text, MySqlStore};
 use crate::error::{Error, Result};
 use crate::store::{PruneCutoffs, ReapReport};
@@ -20,7 +21,7 @@ pub(super) async fn reap_expired(
     limit: i64,
 ) -> Result<ReapReport> {
     let limit = limit.max(0);
-    retry_deadlocks("reap_expired", || async move {
+    let report = retry_deadlocks("reap_expired", || async move {
         let mut tx = store.begin("reap_expired").await?;
         // Out of attempts: failed (unique key freed). Otherwise: pending again (the attempt
         // stays counted).
@@ -33,6 +34,8 @@ pub(super) async fn reap_expired(
             "lease_expired_failed",
         )
         .await?;
+        // A failed step action leaves its job's finish action (jobs::finish).
+        enqueue_followups(&mut tx, &failed, now).await?;
         let requeued = reap(
             &mut tx,
             now,
@@ -49,7 +52,11 @@ pub(super) async fn reap_expired(
             failed_ids: failed,
         })
     })
-    .await
+    .await?;
+    if report.failed > 0 {
+        store.wake.notify();
+    }
+    Ok(report)
 }
 
 /// Picks up to `limit` expired running actions matching `cond`, applies `set` (whose one `?`

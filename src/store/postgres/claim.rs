@@ -1,6 +1,7 @@
 //! PostgreSQL: claiming due actions and heartbeating their leases.
 //!
-//! Claim SQL (Q3): one statement. `dockhand_due_ids` (migration 0004) locks up to n due
+//! Claim SQL (Q3): one statement. `dockhand_due_ids` (migration 0004; 0006 skips paused
+//! groups, 0009 adds the routing of [`crate::store::Routing`]) locks up to n due
 //! pending rows in (priority, scheduled_at, id) order with `FOR UPDATE SKIP LOCKED` (concurrent
 //! claimers take disjoint rows without waiting) through the ordered partial claim index, whatever
 //! the table's statistics say; `claimed` stamps the lease and counts the attempt, `logged` writes
@@ -24,7 +25,7 @@ const CLAIM: &str = "WITH claimed AS (
      UPDATE dockhand_actions a
      SET status = 'running', lease_owner = $3, lease_token = a.lease_token + 1,
          lease_until = $4, attempt = a.attempt + 1, started_at = $1
-     WHERE a.id = ANY(ARRAY(SELECT dockhand_due_ids($1, $2, $5::text[])))
+     WHERE a.id = ANY(ARRAY(SELECT dockhand_due_ids($1, $2, $5::text[], $6::text[], $7::text[])))
      RETURNING a.*),
  logged AS (
      INSERT INTO dockhand_action_logs (action_id, at, event, detail)
@@ -43,6 +44,8 @@ pub(super) async fn claim(store: &PgStore, req: &ClaimRequest<'_>) -> Result<Vec
         .bind(req.owner)
         .bind(ts(req.lease_until))
         .bind(req.hooks)
+        .bind(req.routing.map(|r| r.hooks))
+        .bind(req.routing.map(|r| r.groups))
         .fetch_all(&store.pool)
         .await
         .map_err(Error::db("claim"))?;

@@ -1,13 +1,18 @@
 //! PostgreSQL: owner-guarded finishing, cancel and operator retry.
 //!
 //! Every finishing UPDATE is guarded by id + fencing token + status `running`; zero rows is
-//! [`FinishResult::LeaseLost`] and only a `lease_lost` log row is written.
+//! [`FinishResult::LeaseLost`] and only a `lease_lost` log row is written. A step action that
+//! ends failed enqueues its job's finish action in the same transaction (`jobs::finish`).
 
+use super::enqueue::enqueue_one;
 use super::{listen, ts, PgStore};
 use crate::error::{Error, Result};
+use crate::jobs::finish::{followup, FailedAction};
 use crate::store::{Finish, FinishResult, Lease};
 use chrono::{DateTime, Utc};
-use sqlx::PgConnection;
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{PgConnection, Row};
 
 /// The owner guard every finishing UPDATE ends with (`$1` is the id, `$2` the token; the
 /// statement's own parameters start at `$3`).
@@ -108,6 +113,7 @@ async fn finish_on(
     now: DateTime<Utc>,
 ) -> Result<FinishResult> {
     let q = match outcome {
+        Finish::Fail { error } => return fail_on(tx, channel, lease, error, now).await,
         Finish::Complete => sqlx::query(guarded!(
             "UPDATE dockhand_actions SET status = 'complete', finished_at = $3,
              lease_owner = NULL, lease_until = NULL"
@@ -115,14 +121,6 @@ async fn finish_on(
         .bind(lease.id)
         .bind(lease.token)
         .bind(ts(now)),
-        Finish::Fail { error } => sqlx::query(guarded!(
-            "UPDATE dockhand_actions SET status = 'failed', finished_at = $3, last_error = $4,
-             lease_owner = NULL, lease_until = NULL"
-        ))
-        .bind(lease.id)
-        .bind(lease.token)
-        .bind(ts(now))
-        .bind(error),
         Finish::Retry { at, error } => sqlx::query(guarded!(
             "UPDATE dockhand_actions SET status = 'pending', scheduled_at = $3, last_error = $4,
              lease_owner = NULL, lease_until = NULL"
@@ -159,6 +157,75 @@ async fn finish_on(
         FinishResult::LeaseLost
     };
     Ok(result)
+}
+
+/// The guarded failure: marks the action failed and, when it is a step action, enqueues its
+/// job's finish action on the same transaction (waking runners through `channel`).
+async fn fail_on(
+    tx: &mut PgConnection,
+    channel: &str,
+    lease: Lease,
+    error: &str,
+    now: DateTime<Utc>,
+) -> Result<FinishResult> {
+    let row = sqlx::query(concat!(
+        guarded!(
+            "UPDATE dockhand_actions SET status = 'failed', finished_at = $3, last_error = $4,
+             lease_owner = NULL, lease_until = NULL"
+        ),
+        returning_failed!()
+    ))
+    .bind(lease.id)
+    .bind(lease.token)
+    .bind(ts(now))
+    .bind(error)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db("finish"))?;
+    let outcome = Finish::Fail {
+        error: error.to_string(),
+    };
+    let Some(row) = row else {
+        let (event, detail) = outcome.lease_lost_entry(lease.token);
+        log(tx, lease.id, now, event, Some(detail)).await?;
+        return Ok(FinishResult::LeaseLost);
+    };
+    let (event, detail) = outcome.log_entry();
+    log(tx, lease.id, now, event, detail).await?;
+    enqueue_followup(tx, Some(channel), &row, now).await?;
+    Ok(FinishResult::Applied)
+}
+
+/// The columns a write that fails actions returns, for [`enqueue_followup`].
+macro_rules! returning_failed {
+    () => {
+        " RETURNING id, hook, args, group_name, priority, attempt, max_attempts"
+    };
+}
+pub(super) use returning_failed;
+
+/// Enqueues the finish action a failed step action leaves behind (nothing for other
+/// actions). `row` holds the columns of `returning_failed!()`.
+pub(super) async fn enqueue_followup(
+    tx: &mut PgConnection,
+    channel: Option<&str>,
+    row: &sqlx::postgres::PgRow,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let d = || Error::db("decode failed action");
+    let args: Json<Value> = row.try_get("args").map_err(d())?;
+    let failed = FailedAction {
+        hook: row.try_get("hook").map_err(d())?,
+        args: args.0,
+        group: row.try_get("group_name").map_err(d())?,
+        priority: row.try_get("priority").map_err(d())?,
+        attempt: row.try_get("attempt").map_err(d())?,
+        max_attempts: row.try_get("max_attempts").map_err(d())?,
+    };
+    if let Some(action) = followup(&failed, now) {
+        enqueue_one(tx, &action, now, channel).await?;
+    }
+    Ok(())
 }
 
 /// Appends a log row for an existing action (nothing when the action is gone).

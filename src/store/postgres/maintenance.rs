@@ -3,35 +3,44 @@
 //! The reaper and retention pick their batch with `LIMIT … FOR UPDATE SKIP LOCKED` in a
 //! subselect, so several processes running them at once take disjoint rows without waiting.
 
+use super::finish::{enqueue_followup, returning_failed};
 use super::{listen, ts, PgStore};
 use crate::error::{Error, Result};
 use crate::store::{PruneCutoffs, ReapReport};
 use chrono::{DateTime, Utc};
+use sqlx::Row;
 
 pub(super) async fn reap_expired(
     store: &PgStore,
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<ReapReport> {
+    let now_utc = now;
     let now = ts(now);
     let limit = limit.max(0);
     let mut tx = store.begin("reap_expired").await?;
     // Out of attempts: failed. Otherwise: pending again (the attempt stays counted).
-    let failed: Vec<i64> = sqlx::query_scalar(
+    // A failed step action leaves its job's finish action (jobs::finish), enqueued below.
+    let failed_rows = sqlx::query(concat!(
         "UPDATE dockhand_actions SET status = 'failed', finished_at = $1,
             last_error = 'lease expired (owner ' || COALESCE(lease_owner, '?') || ')',
             lease_owner = NULL, lease_until = NULL
          WHERE id = ANY(ARRAY(SELECT id FROM dockhand_actions
                       WHERE status = 'running' AND lease_until < $1 AND attempt >= max_attempts
                       LIMIT $2
-                      FOR UPDATE SKIP LOCKED))
-         RETURNING id",
-    )
+                      FOR UPDATE SKIP LOCKED))",
+        returning_failed!()
+    ))
     .bind(now)
     .bind(limit)
     .fetch_all(&mut *tx)
     .await
     .map_err(Error::db("reap_expired"))?;
+    let mut failed = Vec::with_capacity(failed_rows.len());
+    for row in &failed_rows {
+        failed.push(row.try_get("id").map_err(Error::db("reap_expired"))?);
+        enqueue_followup(&mut tx, Some(&store.channel), row, now_utc).await?;
+    }
     let requeued: Vec<i64> = sqlx::query_scalar(
         "UPDATE dockhand_actions SET status = 'pending', scheduled_at = $1,
             last_error = 'lease expired (owner ' || COALESCE(lease_owner, '?') || ')',

@@ -2,7 +2,8 @@
 //!
 //! Claim SQL (Q3): one `UPDATE … WHERE id IN (SELECT … ORDER BY priority, scheduled_at, id
 //! LIMIT n) RETURNING …` over the partial claim index, in autocommit mode (one statement is
-//! atomic; SQLite's single writer serialises claimers). The `started` log rows are written by
+//! atomic; SQLite's single writer serialises claimers). The hook filter and the routing
+//! ([`crate::store::Routing`]) are filters on that ordered scan. The `started` log rows are written by
 //! the `dockhand_actions_log_started` trigger (migration 0004) inside the same statement.
 
 use super::{from_ms, ms, SqliteStore};
@@ -18,6 +19,8 @@ const CLAIM: &str = "UPDATE dockhand_actions
      SELECT id FROM dockhand_actions
      WHERE status = 'pending' AND scheduled_at <= ?3
        AND (?5 IS NULL OR hook IN (SELECT value FROM json_each(?5)))
+       AND (?6 IS NULL OR hook NOT IN (SELECT value FROM json_each(?6))
+            OR group_name IN (SELECT value FROM json_each(?7)))
        AND (group_name IS NULL
             OR group_name NOT IN (SELECT group_name FROM dockhand_group_pauses))
      ORDER BY priority, scheduled_at, id
@@ -32,17 +35,22 @@ pub(super) async fn claim(
     if req.limit <= 0 {
         return Ok(Vec::new());
     }
-    let hooks = req
-        .hooks
-        .map(serde_json::to_string)
-        .transpose()
-        .map_err(|e| Error::invalid("hooks", e.to_string()))?;
+    let json = |v: Option<&[String]>| {
+        v.map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| Error::invalid("hooks", e.to_string()))
+    };
+    let hooks = json(req.hooks)?;
+    let routed_hooks = json(req.routing.map(|r| r.hooks))?;
+    let routed_groups = json(req.routing.map(|r| r.groups))?;
     let rows = sqlx::query(CLAIM)
         .bind(req.owner)
         .bind(ms(req.lease_until))
         .bind(ms(req.now))
         .bind(req.limit)
         .bind(hooks)
+        .bind(routed_hooks)
+        .bind(routed_groups)
         .fetch_all(&store.writer)
         .await
         .map_err(Error::db("claim"))?;

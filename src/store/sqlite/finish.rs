@@ -1,13 +1,16 @@
 //! SQLite: owner-guarded finishing, cancel and operator retry.
 //!
 //! Every finishing UPDATE is guarded by id + fencing token + status `running`; zero rows is
-//! [`FinishResult::LeaseLost`] and only a `lease_lost` log row is written.
+//! [`FinishResult::LeaseLost`] and only a `lease_lost` log row is written. A step action that
+//! ends failed enqueues its job's finish action in the same transaction (`jobs::finish`).
 
+use super::enqueue::enqueue_one;
 use super::{ms, SqliteStore};
 use crate::error::{Error, Result};
+use crate::jobs::finish::{followup, FailedAction};
 use crate::store::{Finish, FinishResult, Lease};
 use chrono::{DateTime, Utc};
-use sqlx::SqliteConnection;
+use sqlx::{Row, SqliteConnection};
 
 /// The owner guard every finishing UPDATE ends with (binds id, then token).
 macro_rules! guarded {
@@ -19,6 +22,14 @@ macro_rules! guarded {
     };
 }
 
+/// The columns a write that fails actions returns, for [`enqueue_followup`].
+macro_rules! returning_failed {
+    () => {
+        " RETURNING id, hook, args, group_name, priority, attempt, max_attempts"
+    };
+}
+pub(super) use returning_failed;
+
 pub(super) async fn finish(
     store: &SqliteStore,
     lease: Lease,
@@ -28,6 +39,13 @@ pub(super) async fn finish(
     let mut tx = store.begin_write("finish").await?;
     let result = finish_on(&mut tx, lease, outcome, now).await?;
     tx.commit().await.map_err(Error::db("finish"))?;
+    if matches!(
+        (result, outcome),
+        (FinishResult::Applied, Finish::Fail { .. })
+    ) {
+        // A failed step action enqueued its job's finish action.
+        store.wake.notify();
+    }
     Ok(result)
 }
 
@@ -60,6 +78,13 @@ pub(super) async fn finish_many(
         out.push(result);
     }
     tx.commit().await.map_err(Error::db("finish_many"))?;
+    if items
+        .iter()
+        .zip(&out)
+        .any(|((_, o), r)| matches!((r, o), (FinishResult::Applied, Finish::Fail { .. })))
+    {
+        store.wake.notify();
+    }
     Ok(out)
 }
 
@@ -105,7 +130,8 @@ async fn complete_set(
     Ok(ids.into_iter().collect())
 }
 
-/// One guarded finish on an open write transaction.
+/// One guarded finish on an open write transaction. A failure of a step action enqueues its
+/// job's finish action on the same transaction ([`crate::jobs::finish`]).
 async fn finish_on(
     tx: &mut SqliteConnection,
     lease: Lease,
@@ -114,17 +140,12 @@ async fn finish_on(
 ) -> Result<FinishResult> {
     let now_ms = ms(now);
     let q = match outcome {
+        Finish::Fail { error } => return fail_on(tx, lease, error, now).await,
         Finish::Complete => sqlx::query(guarded!(
             "UPDATE dockhand_actions SET status = 'complete', finished_at = ?,
              lease_owner = NULL, lease_until = NULL"
         ))
         .bind(now_ms),
-        Finish::Fail { error } => sqlx::query(guarded!(
-            "UPDATE dockhand_actions SET status = 'failed', finished_at = ?, last_error = ?,
-             lease_owner = NULL, lease_until = NULL"
-        ))
-        .bind(now_ms)
-        .bind(error),
         Finish::Retry { at, error } => sqlx::query(guarded!(
             "UPDATE dockhand_actions SET status = 'pending', scheduled_at = ?, last_error = ?,
              lease_owner = NULL, lease_until = NULL"
@@ -157,6 +178,71 @@ async fn finish_on(
         FinishResult::LeaseLost
     };
     Ok(result)
+}
+
+/// The guarded failure: marks the action failed and, when it is a step action, enqueues its
+/// job's finish action on the same transaction.
+async fn fail_on(
+    tx: &mut SqliteConnection,
+    lease: Lease,
+    error: &str,
+    now: DateTime<Utc>,
+) -> Result<FinishResult> {
+    let row = sqlx::query(concat!(
+        guarded!(
+            "UPDATE dockhand_actions SET status = 'failed', finished_at = ?, last_error = ?,
+             lease_owner = NULL, lease_until = NULL"
+        ),
+        returning_failed!()
+    ))
+    .bind(ms(now))
+    .bind(error)
+    .bind(lease.id)
+    .bind(lease.token)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db("finish"))?;
+    let outcome = Finish::Fail {
+        error: error.to_string(),
+    };
+    let Some(row) = row else {
+        let (event, detail) = outcome.lease_lost_entry(lease.token);
+        log(tx, lease.id, now, event, Some(detail)).await?;
+        return Ok(FinishResult::LeaseLost);
+    };
+    let (event, detail) = outcome.log_entry();
+    log(tx, lease.id, now, event, detail).await?;
+    enqueue_followup(tx, &row, now).await?;
+    Ok(FinishResult::Applied)
+}
+
+/// Enqueues the finish action a failed step action leaves behind (nothing for other
+/// actions). `row` holds the columns of `returning_failed!()`.
+pub(super) async fn enqueue_followup(
+    tx: &mut SqliteConnection,
+    row: &sqlx::sqlite::SqliteRow,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let d = || Error::db("decode failed action");
+    let id: i64 = row.try_get("id").map_err(d())?;
+    let args_text: String = row.try_get("args").map_err(d())?;
+    let args = serde_json::from_str(&args_text).map_err(|e| Error::Corrupt {
+        what: "action",
+        id,
+        message: format!("args: {e}"),
+    })?;
+    let failed = FailedAction {
+        hook: row.try_get("hook").map_err(d())?,
+        args,
+        group: row.try_get("group_name").map_err(d())?,
+        priority: row.try_get("priority").map_err(d())?,
+        attempt: row.try_get("attempt").map_err(d())?,
+        max_attempts: row.try_get("max_attempts").map_err(d())?,
+    };
+    if let Some(action) = followup(&failed, now) {
+        enqueue_one(tx, &action, now).await?;
+    }
+    Ok(())
 }
 
 pub(super) async fn log(

@@ -1,9 +1,11 @@
 //! SQLite: lease reaper, retention and the maintenance-task leases.
 
+use super::finish::{enqueue_followup, returning_failed};
 use super::{ms, SqliteStore};
 use crate::error::{Error, Result};
 use crate::store::{PruneCutoffs, ReapReport};
 use chrono::{DateTime, Utc};
+use sqlx::Row;
 
 pub(super) async fn reap_expired(
     store: &SqliteStore,
@@ -12,20 +14,26 @@ pub(super) async fn reap_expired(
 ) -> Result<ReapReport> {
     let mut tx = store.begin_write("reap_expired").await?;
     // Out of attempts: failed. Otherwise: pending again (the attempt stays counted).
-    let failed: Vec<i64> = sqlx::query_scalar(
+    // A failed step action leaves its job's finish action (jobs::finish), enqueued below.
+    let failed_rows = sqlx::query(concat!(
         "UPDATE dockhand_actions SET status = 'failed', finished_at = ?1,
             last_error = 'lease expired (owner ' || COALESCE(lease_owner, '?') || ')',
             lease_owner = NULL, lease_until = NULL
          WHERE id IN (SELECT id FROM dockhand_actions
                       WHERE status = 'running' AND lease_until < ?1 AND attempt >= max_attempts
-                      LIMIT ?2)
-         RETURNING id",
-    )
+                      LIMIT ?2)",
+        returning_failed!()
+    ))
     .bind(ms(now))
     .bind(limit)
     .fetch_all(&mut *tx)
     .await
     .map_err(Error::db("reap_expired"))?;
+    let mut failed = Vec::with_capacity(failed_rows.len());
+    for row in &failed_rows {
+        failed.push(row.try_get("id").map_err(Error::db("reap_expired"))?);
+        enqueue_followup(&mut tx, row, now).await?;
+    }
     let requeued: Vec<i64> = sqlx::query_scalar(
         "UPDATE dockhand_actions SET status = 'pending', scheduled_at = ?1,
             last_error = 'lease expired (owner ' || COALESCE(lease_owner, '?') || ')',
@@ -61,6 +69,9 @@ pub(super) async fn reap_expired(
         .map_err(Error::db("reap_expired (log)"))?;
     }
     tx.commit().await.map_err(Error::db("reap_expired"))?;
+    if !failed.is_empty() {
+        store.wake.notify();
+    }
     Ok(ReapReport {
         requeued: requeued.len() as u64,
         failed: failed.len() as u64,

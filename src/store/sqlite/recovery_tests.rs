@@ -121,6 +121,7 @@ async fn audit_finds_each_planted_violation() {
         now: t0(),
         lease_until: t0() + grace,
         hooks: None,
+        routing: None,
     };
     let running = store.claim(&req).await.unwrap()[0].id;
     // (5) a parent whose counters disagree with its children.

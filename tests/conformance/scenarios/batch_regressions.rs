@@ -45,6 +45,7 @@ async fn claim_as_worker(db: &TestDb, hook: &str, lease: chrono::Duration) -> Le
             now,
             lease_until: now + lease,
             hooks: Some(&hooks),
+            routing: None,
         })
         .await
         .unwrap();

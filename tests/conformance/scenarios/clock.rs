@@ -43,6 +43,7 @@ pub async fn skewed_host_never_reaps_a_live_lease(db: TestDb) {
             now: now + chrono::Duration::seconds(1),
             lease_until: now + chrono::Duration::seconds(30),
             hooks: None,
+            routing: None,
         })
         .await
         .unwrap();

@@ -409,6 +409,7 @@ pub async fn r1_reaped_step_finishes_its_job_through_the_bridge(db: TestDb) {
                 now,
                 lease_until: now + chrono::Duration::seconds(30),
                 hooks: None,
+                routing: None,
             })
             .await
             .unwrap();
@@ -417,6 +418,9 @@ pub async fn r1_reaped_step_finishes_its_job_through_the_bridge(db: TestDb) {
         db.clock.advance(chrono::Duration::seconds(31));
         rt.run_maintenance_once().await.unwrap();
     }
+    // The reaper failed the step action and, in the same transaction, enqueued the job's
+    // finish action; running it finishes the job through the bridge.
+    rt.run_due_once().await.unwrap();
     let j = jobs.get(job).await.unwrap();
     assert_eq!(
         (j.status, j.reason.as_deref()),

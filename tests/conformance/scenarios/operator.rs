@@ -39,6 +39,7 @@ async fn seed(db: &TestDb) -> Vec<Action> {
             now,
             lease_until: now + Duration::minutes(5),
             hooks: None,
+            routing: None,
         })
         .await
         .unwrap();
@@ -528,6 +529,7 @@ pub async fn ops_bulk_changes_keep_their_guards(db: TestDb) {
             now,
             lease_until: now + Duration::minutes(5),
             hooks: Some(&["r".to_string()]),
+            routing: None,
         })
         .await
         .unwrap();
@@ -596,6 +598,7 @@ pub async fn ops_bulk_changes_keep_their_guards(db: TestDb) {
             now,
             lease_until: now + Duration::minutes(5),
             hooks: Some(&["r".to_string()]),
+            routing: None,
         })
         .await
         .unwrap();

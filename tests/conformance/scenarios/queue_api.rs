@@ -105,6 +105,7 @@ pub async fn s_a8_unschedule_cancels_pending_only(db: TestDb) {
             now,
             lease_until: now + Duration::seconds(30),
             hooks: None,
+            routing: None,
         })
         .await
         .unwrap();
@@ -188,6 +189,7 @@ pub async fn s_a10_retention_prunes_old_finished_in_batches(db: TestDb) {
             now,
             lease_until: now + Duration::days(100),
             hooks: None,
+            routing: None,
         })
         .await
         .unwrap();
@@ -352,6 +354,7 @@ pub async fn store_query_filters_paging_and_order(db: TestDb) {
             now,
             lease_until: now + Duration::seconds(30),
             hooks: None,
+            routing: None,
         })
         .await
         .unwrap();

@@ -262,6 +262,7 @@ pub async fn s_a5_lease_lost_late_completion_changes_nothing(db: TestDb) {
             now,
             lease_until: now + Duration::seconds(30),
             hooks: None,
+            routing: None,
         })
         .await
         .unwrap();

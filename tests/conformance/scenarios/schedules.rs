@@ -70,6 +70,7 @@ pub async fn s_a7_dead_worker_does_not_stop_interval_series(db: TestDb) {
             now,
             lease_until: now + Duration::seconds(30),
             hooks: None,
+            routing: None,
         })
         .await
         .unwrap();

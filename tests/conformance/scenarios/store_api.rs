@@ -17,6 +17,7 @@ async fn claim(db: &TestDb, owner: &str, limit: i64, lease: Duration) -> Vec<Cla
             now,
             lease_until: now + lease,
             hooks: None,
+            routing: None,
         })
         .await
         .unwrap()

@@ -36,6 +36,7 @@ pub async fn ops_group_overview_counts_and_lag(db: TestDb) {
             now: t0,
             lease_until: t0 + Duration::minutes(5),
             hooks: Some(&["r".to_string()]),
+            routing: None,
         })
         .await
         .unwrap();
@@ -330,6 +331,7 @@ pub async fn ops_paused_group_is_not_claimed_until_resumed(db: TestDb) {
                     now,
                     lease_until: now + Duration::minutes(5),
                     hooks: None,
+                    routing: None,
                 })
                 .await
                 .unwrap()

@@ -17,6 +17,7 @@ fn req(owner: &str, now: DateTime<Utc>, limit: i64) -> ClaimRequest<'_> {
         now,
         lease_until: now + Duration::seconds(30),
         hooks: None,
+        routing: None,
     }
 }
 

@@ -189,6 +189,7 @@ async fn audit_finds_planted_violations() {
         now,
         lease_until: until,
         hooks: Some(&hooks[..]),
+        routing: None,
     };
     assert_eq!(s.claim(&r).await.unwrap().len(), 1);
     // (5) Counters that do not match the child rows.
