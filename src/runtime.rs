@@ -245,6 +245,7 @@ impl RuntimeBuilder {
             completions: self.completions,
             hooks: self.lifecycle,
             reprocess: self.reprocess,
+            delivers_events: true,
             delivering: tokio::sync::Mutex::new(()),
         });
         if !engine.pipelines.pipelines.is_empty() {

@@ -179,10 +179,19 @@ pub enum Command {
     /// stranded batch parent is finished from its children's counters when it is fenced and
     /// every child is final, otherwise its chunk action is enqueued again; a stranded job whose
     /// step action failed for good is finished `failed` (reason `stale`); any other stranded
-    /// job gets its step action enqueued again. Undelivered lifecycle events are replayed. Jobs
-    /// with a pending/running action or active children are left alone. Re-enqueued actions
-    /// are carried out by a runtime that registered the job's pipeline. Prints every counter of
-    /// the report; with --dry-run changes nothing and prints the would_* counters.
+    /// job gets its step action enqueued again. Jobs with a pending/running action or active
+    /// children are left alone. Re-enqueued actions are carried out by a runtime that
+    /// registered the job's pipeline.
+    ///
+    /// This command has only the built-in completion handlers and no lifecycle hooks: a parent
+    /// whose finish would complete claims naming another completion handler is left for a
+    /// runtime that registered it (counted as left_for_handler and listed), and undelivered
+    /// lifecycle events stay in the outbox for a running runtime's maintenance.
+    ///
+    /// Prints every counter of the report, then one row per stranded job: its status, the
+    /// action, the status it ends with (predicted_status) and the reason; with --dry-run
+    /// changes nothing and prints what a real run would do. A job whose recovery fails is
+    /// listed with its error and the others are still recovered; the exit status is then 1.
     RecoverStuck(RecoverArgs),
     /// Show what drives each pending/processing job, and which ones are stranded.
     ///

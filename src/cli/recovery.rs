@@ -9,7 +9,7 @@
 use super::args::{self, format_approx, format_exact};
 use super::table::{truncate, Table};
 use super::{CliError, Output};
-use crate::batch::recovery::{RecoverOptions, RecoverReport};
+use crate::batch::recovery::{RecoverOptions, RecoverReport, RecoveredJob, RecoveryAction};
 use crate::batch::{JobLiveness, Violation};
 use crate::clock::SystemClock;
 use crate::{Jobs, Queue};
@@ -99,6 +99,16 @@ fn report_rows(r: &RecoverReport) -> Vec<(&'static str, u64, &'static str)> {
             "(dry run) jobs that would be finished failed/stale",
         ),
         (
+            "left_for_handler",
+            r.left_for_handler,
+            "stranded jobs left for a runtime with their claims' completion handlers",
+        ),
+        (
+            "errors",
+            r.errors,
+            "stranded jobs whose recovery failed (the others were still recovered)",
+        ),
+        (
             "outbox_replayed",
             r.outbox_replayed,
             "undelivered lifecycle events delivered now",
@@ -108,7 +118,60 @@ fn report_rows(r: &RecoverReport) -> Vec<(&'static str, u64, &'static str)> {
             r.would_replay_outbox,
             "(dry run) undelivered lifecycle events waiting",
         ),
+        (
+            "outbox_left_for_runtime",
+            r.outbox_left_for_runtime,
+            "undelivered lifecycle events left for a runtime's hooks",
+        ),
     ]
+}
+
+/// The per-job table: each stranded job and what was (or would be) done with it.
+fn jobs_table(r: &RecoverReport) -> String {
+    let mut t = Table::new(&[
+        "ID",
+        "PIPELINE",
+        "STATUS",
+        "ACTION",
+        "PREDICTED_STATUS",
+        "REASON",
+        "NOTE",
+    ])
+    .right_align(&[0]);
+    for j in &r.jobs {
+        let note = match (&j.error, j.missing_handlers.is_empty()) {
+            (Some(e), _) => format!("error: {e}"),
+            (None, false) => format!(
+                "needs completion handler(s) {} not registered here",
+                j.missing_handlers
+                    .iter()
+                    .map(|h| format!("`{h}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            (None, true) => String::new(),
+        };
+        t.row(vec![
+            j.id.to_string(),
+            truncate(&j.pipeline, 32),
+            j.status.to_string(),
+            j.action.as_str().into(),
+            j.predicted_status.to_string(),
+            j.reason.clone().unwrap_or_else(|| "-".into()),
+            truncate(&note, 200),
+        ]);
+    }
+    t.render()
+}
+
+/// `1, 2, 3` of the jobs `keep` selects.
+fn job_ids(r: &RecoverReport, keep: impl Fn(&RecoveredJob) -> bool) -> String {
+    r.jobs
+        .iter()
+        .filter(|j| keep(j))
+        .map(|j| j.id.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `dockhand recover-stuck`.
@@ -148,6 +211,14 @@ pub(crate) async fn recover_stuck(q: &Queue, a: &RecoverArgs, out: Output) -> Re
                 a.limit
             ));
         }
+        if !report.jobs.is_empty() {
+            text.push_str(if a.dry_run {
+                "\nstranded jobs and what a real run would do:\n"
+            } else {
+                "\nstranded jobs and what was done:\n"
+            });
+            text.push_str(&jobs_table(&report));
+        }
         let acted = report.chunk_rearmed + report.requeued;
         if acted > 0 {
             text.push_str(&format!(
@@ -155,8 +226,33 @@ pub(crate) async fn recover_stuck(q: &Queue, a: &RecoverArgs, out: Output) -> Re
                  carries them out\n"
             ));
         }
+        if report.left_for_handler > 0 {
+            text.push_str(&format!(
+                "\n{} job(s) left for a runtime that registered their claims' completion \
+                 handlers (finishing them here would fail them item_claim_completion_failed): \
+                 {}\n",
+                report.left_for_handler,
+                job_ids(&report, |j| j.action == RecoveryAction::LeftForHandler
+                    && j.error.is_none())
+            ));
+        }
+        if report.outbox_left_for_runtime > 0 {
+            text.push_str(&format!(
+                "\n{} lifecycle event(s) left in the outbox: a running runtime's maintenance \
+                 delivers them to its hooks\n",
+                report.outbox_left_for_runtime
+            ));
+        }
         text
-    })
+    })?;
+    if report.errors > 0 {
+        return Err(CliError::Failed(format!(
+            "recover-stuck: {} job(s) could not be recovered (the others were): {}",
+            report.errors,
+            job_ids(&report, |j| j.error.is_some())
+        )));
+    }
+    Ok(())
 }
 
 /// How a pending/processing job is driven (R3).
@@ -375,10 +471,17 @@ mod tests {
         let r = RecoverReport::default();
         let printed: Vec<&str> = report_rows(&r).iter().map(|(n, _, _)| *n).collect();
         let serialized = serde_json::to_value(&r).unwrap();
+        let not_counters = ["dry_run", "jobs"];
         for key in serialized.as_object().unwrap().keys() {
-            assert!(key == "dry_run" || printed.contains(&key.as_str()), "{key}");
+            assert!(
+                not_counters.contains(&key.as_str()) || printed.contains(&key.as_str()),
+                "{key}"
+            );
         }
-        assert_eq!(printed.len(), serialized.as_object().unwrap().len() - 1);
+        assert_eq!(
+            printed.len(),
+            serialized.as_object().unwrap().len() - not_counters.len()
+        );
     }
 
     #[test]

@@ -332,6 +332,10 @@ impl Jobs {
 
     /// A job handle over `store` without pipelines (operator tools: bridge finishes, recovery,
     /// audit, claims). Starting or resuming pipeline runs needs a runtime that registered them.
+    /// It has only the built-in completion handlers and no lifecycle hooks: lifecycle events
+    /// of the jobs it finishes stay in the outbox for a runtime's maintenance to deliver, and
+    /// `recover_stuck` leaves jobs whose claims need other handlers for a runtime that has
+    /// them.
     pub fn without_pipelines(store: crate::store::DynStore, clock: Arc<dyn crate::Clock>) -> Jobs {
         Jobs::new(Arc::new(Engine {
             store,
@@ -340,11 +344,13 @@ impl Jobs {
             completions: crate::claims::CompletionRegistry::with_builtins(),
             hooks: Default::default(),
             reprocess: None,
+            delivers_events: false,
             delivering: tokio::sync::Mutex::new(()),
         }))
     }
 
-    /// Delivers undelivered lifecycle events now (the maintenance sweep does this too).
+    /// Delivers undelivered lifecycle events now (the maintenance sweep does this too); a
+    /// handle without hooks ([`Jobs::without_pipelines`]) delivers nothing.
     pub async fn deliver_events(&self) -> Result<usize> {
         self.engine.deliver_events().await
     }

@@ -54,6 +54,11 @@ pub struct Engine {
     pub(crate) completions: CompletionRegistry,
     pub(crate) hooks: LifecycleHooks,
     pub(crate) reprocess: Option<ReprocessFn>,
+    /// Whether this engine delivers lifecycle events (a runtime, with the hooks registered
+    /// in code). An operator tool's engine ([`super::api::Jobs::without_pipelines`]: the CLI,
+    /// the dashboard) runs no hooks, so it leaves events in the outbox for a runtime's sweep
+    /// instead of marking them delivered unheard.
+    pub(crate) delivers_events: bool,
     /// Serialises outbox delivery in this process.
     pub(crate) delivering: tokio::sync::Mutex<()>,
 }
@@ -384,8 +389,12 @@ impl Engine {
     }
 
     /// Delivers undelivered lifecycle events (J5): runs the hooks, then marks the event
-    /// delivered. At least once; a crash between the two re-delivers on the next sweep.
+    /// delivered. At least once; a crash between the two re-delivers on the next sweep. An
+    /// engine that runs no hooks (an operator tool's) delivers nothing and returns 0.
     pub async fn deliver_events(&self) -> Result<usize> {
+        if !self.delivers_events {
+            return Ok(0);
+        }
         let _guard = self.delivering.lock().await;
         let mut delivered = 0;
         loop {

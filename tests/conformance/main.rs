@@ -112,6 +112,14 @@ conformance!(
     two_runtimes_with_different_pipelines_finish_their_own_jobs,
     runtime_without_pipelines_leaves_job_actions_alone,
     step_rows_from_before_the_routing_still_run,
+    // recover-stuck branch by branch, and what it leaves alone (issue 15, defect 11)
+    recover_stuck_requeues_a_job_whose_step_action_is_gone,
+    recover_stuck_fails_a_job_whose_step_failed_for_good_stale,
+    recover_stuck_rearms_the_chunk_of_a_parent_not_yet_due,
+    recover_stuck_leaves_a_parent_needing_a_handler_it_lacks,
+    recover_stuck_goes_on_after_one_jobs_error,
+    bridge_replaces_a_stray_lifecycle_event,
+    operator_finish_leaves_the_event_for_the_runtime_hooks,
     // Operator views and bulk changes (the dashboard)
     ops_keyset_lists_every_row_once_in_each_order,
     ops_filters_and_capped_counts,

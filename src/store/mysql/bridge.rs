@@ -106,9 +106,14 @@ async fn finish_once(
             "finish_job: job {job_id} changed under its row lock"
         )));
     }
+    // One event per job (unique job_id). The bridge writes it only when it moved the job to
+    // its final status, so a row already there (left by an edited row) describes no finish
+    // that happened: it is replaced, undelivered, rather than failing the finish.
     sqlx::query(
         "INSERT INTO dockhand_job_events (job_id, status, reason, created_at)
-         VALUES (?, ?, ?, ?)",
+         VALUES (?, ?, ?, ?)
+         ON DUPLICATE KEY UPDATE status = VALUES(status), reason = VALUES(reason),
+             created_at = VALUES(created_at), delivered_at = NULL",
     )
     .bind(job_id)
     .bind(status.as_str())

@@ -121,9 +121,14 @@ async fn finish_once(
             "job {job_id} changed under its row lock while finishing it"
         )));
     }
+    // One event per job (unique job_id). The bridge writes it only when it moved the job to
+    // its final status, so a row already there (left by an edited row) describes no finish
+    // that happened: it is replaced, undelivered, rather than failing the finish.
     sqlx::query(
         "INSERT INTO dockhand_job_events (job_id, status, reason, created_at)
-         VALUES ($1, $2, $3, $4)",
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (job_id) DO UPDATE SET status = EXCLUDED.status,
+             reason = EXCLUDED.reason, created_at = EXCLUDED.created_at, delivered_at = NULL",
     )
     .bind(job_id)
     .bind(status.as_str())

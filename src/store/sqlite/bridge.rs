@@ -99,9 +99,14 @@ async fn finish_once(
             ))),
         };
     }
+    // One event per job (unique job_id). The bridge writes it only when it moved the job to
+    // its final status, so a row already there (left by an edited row) describes no finish
+    // that happened: it is replaced, undelivered, rather than failing the finish.
     sqlx::query(
         "INSERT INTO dockhand_job_events (job_id, status, reason, created_at)
-         VALUES (?, ?, ?, ?)",
+         VALUES (?, ?, ?, ?)
+         ON CONFLICT (job_id) DO UPDATE SET status = excluded.status,
+             reason = excluded.reason, created_at = excluded.created_at, delivered_at = NULL",
     )
     .bind(job_id)
     .bind(status.as_str())

@@ -462,6 +462,9 @@ async fn drive(
         match rt.jobs().recover_stuck(&opts).await {
             Err(e) if !tolerate => return Err(format!("recover-stuck: {e}")),
             Err(_) => {}
+            Ok(r) if r.errors > 0 && !tolerate => {
+                return Err(format!("recover-stuck: job errors {:?}", r.jobs))
+            }
             Ok(r) => {
                 *rescued +=
                     r.requeued + r.chunk_rearmed + r.batch_parents_completed + r.failed_stale
