@@ -97,6 +97,9 @@ pub async fn step_failure_committed_with_lost_ack_still_fails_the_job(db: TestDb
 pub async fn reaped_step_with_bridge_error_is_finished_by_maintenance(db: TestDb) {
     let (rt, faulty) = runtime(&db).await;
     let job = rt.jobs().start("fails", json!({})).await.unwrap();
+    // The first bridge call fails, wherever it happens (it used to be the reaper's own call,
+    // whose error was only logged).
+    faulty.fail_nth("finish_job", 1, FaultMode::FailBefore);
     for attempt in 1..=2 {
         let now = db.clock.now();
         let claimed = db
@@ -115,7 +118,6 @@ pub async fn reaped_step_with_bridge_error_is_finished_by_maintenance(db: TestDb
         db.clock.advance(chrono::Duration::seconds(31));
         rt.run_maintenance_once().await.unwrap();
     }
-    faulty.fail_nth("finish_job", 1, FaultMode::FailBefore);
     rt.drain(10).await.unwrap();
     assert_eq!(faulty.injected(), 1, "the bridge fault fired");
     assert!(
