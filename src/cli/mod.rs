@@ -81,6 +81,8 @@ impl Cli {
     pub fn default_log_filter(&self) -> &'static str {
         match self.command {
             Command::Run(_) | Command::Ui(_) => "warn,dockhand=info",
+            // What a real run changed, job by job, on stderr (an operator's audit trail).
+            Command::RecoverStuck(_) => "warn,dockhand::batch::recovery=info",
             Command::Demo(_) => "error",
             _ => "warn",
         }
