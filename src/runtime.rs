@@ -176,7 +176,9 @@ impl RuntimeBuilder {
     }
 
     /// Claim only actions whose hook has a handler in this runtime (several services sharing
-    /// one queue). Default false: an action nobody handles fails with "unknown hook".
+    /// one queue). Default false: an action nobody handles fails with "unknown hook". Either
+    /// way the job engine's actions are claimed only for the pipelines this runtime has (see
+    /// [`crate::store::Routing`]).
     pub fn only_registered_hooks(mut self, yes: bool) -> Self {
         self.runner.only_registered_hooks = yes;
         self
