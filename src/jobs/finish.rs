@@ -5,7 +5,7 @@
 //! terminal bridge as `failed / retry_exhausted` (or `step_failed` for an error on an earlier
 //! attempt). The store writes that failure and, in the same transaction, enqueues the action
 //! `dockhand.job.finish {job, step, reason}` built by [`followup`]. Its handler
-//! ([`Engine::run_job_finish`]) calls the bridge; a bridge error retries the action with
+//! (`Engine::run_job_finish`) calls the bridge; a bridge error retries the action with
 //! backoff, so one transient error can no longer leave the job `processing` with no action
 //! (the step action is final, so nothing else would move it), and no operator is needed.
 //!
