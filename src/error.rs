@@ -59,6 +59,17 @@ pub enum Error {
         /// What could not be decoded.
         message: String,
     },
+    /// The database could not be reached or opened: a refused connection, a host name that did
+    /// not resolve, a connect timeout, a SQLite file that cannot be opened.
+    #[error("{reason}")]
+    Connect {
+        /// What was being connected to (`HOST:PORT`, or `SQLite database PATH`); never carries
+        /// credentials.
+        target: String,
+        /// The whole message, naming the target: `connection to HOST:PORT refused`, `host H did
+        /// not resolve (connecting to H:PORT)`, `SQLite database PATH does not exist`, ...
+        reason: String,
+    },
     /// A write on behalf of an action run was refused because the run no longer holds its
     /// lease (the reaper expired it, or a newer attempt claimed the action): the stale run
     /// must stop without side effects.
@@ -97,6 +108,49 @@ impl Error {
     /// Wraps a driver error with the name of the store operation it came from.
     pub fn db(op: &'static str) -> impl FnOnce(sqlx::Error) -> Self {
         move |source| Error::Database { op, source }
+    }
+
+    /// True when retrying cannot help: the database refuses the write for good (a read-only
+    /// SQLite file or file system, a read-only PostgreSQL transaction or server, a MySQL
+    /// `--read-only` server, a permission denied), or it could not be opened at all. A worker
+    /// meeting one should stop and say why rather than retry forever. Never true for an error
+    /// [`Error::is_transient`] accepts.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Error::Connect { .. } | Error::Config(_) => true,
+            Error::Database { source, .. } if !self.is_transient() => match source {
+                sqlx::Error::Database(db) => {
+                    let mysql_number = db
+                        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .map(|e| e.number());
+                    // MySQL: read-only server (1290 --read-only, 1836 read-only mode),
+                    // access denied (1142 table, 1044 database, 1045 login).
+                    matches!(mysql_number, Some(1290 | 1836 | 1142 | 1044 | 1045))
+                        || matches!(
+                            db.code().as_deref(),
+                            // SQLite READONLY and its extended codes (8, 264 recovery,
+                            // 520 cantlock, 776 rollback, 1032 dbmoved, 1288 cantinit,
+                            // 1544 directory), CANTOPEN (14), PERM (3), AUTH (23);
+                            // PostgreSQL read-only transaction, insufficient privilege.
+                            Some(
+                                "8" | "264"
+                                    | "520"
+                                    | "776"
+                                    | "1032"
+                                    | "1288"
+                                    | "1544"
+                                    | "14"
+                                    | "3"
+                                    | "23"
+                                    | "25006"
+                                    | "42501"
+                            )
+                        )
+                }
+                _ => false,
+            },
+            _ => false,
+        }
     }
 
     /// True when the error is a transient database condition (busy, deadlock, serialization

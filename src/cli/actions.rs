@@ -12,7 +12,7 @@ use serde_json::json;
 
 /// `dockhand enqueue`: one action, or a schedule when `--every` or `--cron` is given.
 pub(crate) async fn enqueue(q: &Queue, a: EnqueueArgs, out: Output) -> Result<(), CliError> {
-    let args = parse_args(&a.args)?;
+    let args = parse_args(&super::args::read_args(&a.args)?)?;
     let timeout = a.timeout.map(|d| non_negative("timeout", d)).transpose()?;
     let recurrence = match (a.every, &a.cron) {
         (Some(every), _) if a.fixed_delay => Some(Recurrence::every_after_finish(every)?),

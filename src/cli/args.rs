@@ -13,6 +13,77 @@ use chrono::{DateTime, Duration, SecondsFormat, Utc};
 const DURATION_HELP: &str =
     "use a number and a unit (ms, s, m, h, d), e.g. 250ms, 30s, 5m, 2h, 1d or 1h30m";
 
+/// The clap parser of `--args`: the text as given, refused with a message naming `--args` when
+/// it is not valid UTF-8 (clap's own message names no option). `@FILE` and `-` are kept as
+/// they are and read by [`read_args`] when the command runs.
+#[derive(Debug, Clone, Copy)]
+pub struct ArgsText;
+
+impl clap::builder::TypedValueParser for ArgsText {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> std::result::Result<String, clap::Error> {
+        value.to_str().map(str::to_owned).ok_or_else(|| {
+            clap::Error::raw(
+                clap::error::ErrorKind::InvalidUtf8,
+                "--args is not valid UTF-8: give JSON text, or --args @FILE to read a file, \
+                 or --args - to read stdin\n",
+            )
+            .with_cmd(cmd)
+        })
+    }
+}
+
+/// The JSON text `--args` stands for: `@FILE` reads the file, `-` reads stdin (both past the
+/// OS argument-size limit), anything else is the JSON itself. Errors name `args`.
+pub fn read_args(given: &str) -> Result<String> {
+    use std::io::Read;
+    let read = |what: &str, r: std::io::Result<Vec<u8>>| -> Result<String> {
+        let bytes = r.map_err(|e| Error::invalid("args", format!("cannot read {what}: {e}")))?;
+        String::from_utf8(bytes)
+            .map_err(|_| Error::invalid("args", format!("{what} is not valid UTF-8")))
+    };
+    if given == "-" {
+        let mut buf = Vec::new();
+        let r = std::io::stdin().lock().read_to_end(&mut buf).map(|_| buf);
+        read("stdin", r)
+    } else if let Some(path) = given.strip_prefix('@') {
+        read(&format!("file {path}"), std::fs::read(path))
+    } else {
+        Ok(given.to_string())
+    }
+}
+
+/// For commands that only read: a `sqlite:` URL naming a file that does not exist is an error
+/// saying so (opening it would create an empty database). Other URLs pass.
+pub fn require_existing_sqlite_file(url: &str) -> Result<()> {
+    use std::str::FromStr;
+    if !url.starts_with("sqlite:") || url.contains(":memory:") || url.contains("mode=memory") {
+        return Ok(());
+    }
+    let Ok(options) = sqlx::sqlite::SqliteConnectOptions::from_str(url) else {
+        return Ok(()); // connecting reports the bad URL
+    };
+    let path = options.get_filename();
+    if path.exists() {
+        Ok(())
+    } else {
+        Err(Error::Connect {
+            target: format!("SQLite database {}", path.display()),
+            reason: format!(
+                "SQLite database {} does not exist (check --database-url or \
+                 DOCKHAND_DATABASE_URL; `dockhand migrate` creates it)",
+                path.display()
+            ),
+        })
+    }
+}
+
 /// Parses a duration such as `30s`, `5m`, `2h`, `1d`, `250ms` or `1h30m`; a leading `-` makes it
 /// negative (so that the library, not the parser, refuses it with the field's name).
 pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {

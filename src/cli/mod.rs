@@ -28,8 +28,8 @@ pub use bench::{BenchArgs, BenchBackend, Measurement, Workload};
 pub use claims::{ClaimListArgs, ClaimsCommand};
 pub use demo::{register_demo_hooks, DEMO_HOOKS};
 pub use jobs::{JobListArgs, JobsCommand};
-pub use output::CliError;
 use output::Output;
+pub use output::{error_report, CliError, EXIT_RUNTIME, EXIT_USAGE};
 pub use recovery::{LivenessArgs, RecoverArgs};
 pub use ui::{parse_user_pass, UiArgs, UserPass};
 
@@ -37,12 +37,28 @@ use crate::action::{ActionFilter, ActionOrder, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRI
 use crate::jobs::bridge::reason;
 use crate::state::{ActionStatus, JobStatus};
 use crate::{Error, Queue};
+use args::non_negative;
 use chrono::{DateTime, Duration, Utc};
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use std::sync::Arc;
 
 /// The database every command but `demo` uses when no `--database-url` is given.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite:dockhand.db";
+
+/// The top-level `--help` epilogue: logs, exit statuses, the cron DST rule.
+const AFTER_HELP: &str = "\
+Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=dockhand=debug) for more. Errors go to stderr \
+as `error: MESSAGE`, or with --json as {\"error\": MESSAGE, \"kind\": KIND, \"exit\": STATUS}.
+
+Exit status (stable):
+  0  success (also: cancel/retry/manual-fail/cancel-job of an already final record)
+  1  runtime error: the database unreachable or refusing writes, an unknown id, invalid \
+input caught when the command runs, `check` finding a broken invariant, `run` stopping on a \
+permanent write error, a timeout
+  2  usage error: unknown command or option, a value clap cannot parse
+
+Cron schedules (--cron, in --timezone): a local time that does not exist (skipped by a DST \
+change) is skipped; one that happens twice (the hour repeated when clocks go back) runs once.";
 
 /// `dockhand`: operate a dockhand task queue from the shell.
 #[derive(Debug, Parser)]
@@ -52,7 +68,7 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite:dockhand.db";
     about = "Operate a dockhand durable task queue: enqueue, inspect, cancel, retry, prune, run; \
              inspect jobs and item claims, fail or cancel jobs; recover stranded jobs and audit \
              the invariants",
-    after_help = "Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=dockhand=debug) for more."
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
     /// Database URL: sqlite:PATH, sqlite::memory:, postgres://USER:PASSWORD@HOST/DB or
@@ -67,9 +83,15 @@ pub struct Cli {
         value_name = "URL"
     )]
     pub database_url: Option<String>,
-    /// Print JSON instead of human-readable tables and messages.
+    /// Print JSON instead of human-readable tables and messages; errors too, as one JSON
+    /// object on stderr: {"error": MESSAGE, "kind": KIND, "exit": STATUS}.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Give up connecting to a PostgreSQL or MySQL server after this long (a refused
+    /// connection or a host that does not resolve fails at once).
+    #[arg(long, global = true, value_name = "DURATION", default_value = "10s",
+          value_parser = args::parse_duration)]
+    pub connect_timeout: Duration,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -302,8 +324,8 @@ pub enum Command {
 pub struct EnqueueArgs {
     /// The hook (handler name) to run, e.g. email.send.
     pub hook: String,
-    /// The handler's args, a JSON document.
-    #[arg(long, value_name = "JSON", default_value = "{}")]
+    /// The handler's args, a JSON document; `@FILE` reads it from a file, `-` from stdin.
+    #[arg(long, value_name = "JSON", default_value = "{}", value_parser = args::ArgsText)]
     pub args: String,
     /// Group label, used by filters and unschedule.
     #[arg(long, value_name = "G")]
@@ -357,8 +379,8 @@ pub struct FilterArgs {
     /// Match this group.
     #[arg(long, value_name = "G")]
     pub group: Option<String>,
-    /// Match exactly these JSON args.
-    #[arg(long, value_name = "JSON")]
+    /// Match exactly these JSON args; `@FILE` reads them from a file, `-` from stdin.
+    #[arg(long, value_name = "JSON", value_parser = args::ArgsText)]
     pub args: Option<String>,
 }
 
@@ -371,7 +393,7 @@ impl FilterArgs {
             args: self
                 .args
                 .as_deref()
-                .map(crate::action::parse_args)
+                .map(|a| crate::action::parse_args(&args::read_args(a)?))
                 .transpose()?,
         })
     }
@@ -450,20 +472,25 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     let Cli {
         database_url,
         json,
+        connect_timeout,
         command,
     } = cli;
     let out = Output { json };
+    let timeout = non_negative("connect_timeout", connect_timeout)?;
     match command {
         Command::Demo(a) => {
             let url = database_url.as_deref().unwrap_or(demo::DEMO_DATABASE_URL);
+            crate::store::probe(url, timeout).await?;
             demo::run(url, &a, out).await
         }
         Command::Run(a) => {
             let url = database_url.as_deref().unwrap_or(DEFAULT_DATABASE_URL);
+            crate::store::probe(url, timeout).await?;
             ops::run_worker(url, &a, out).await
         }
         Command::Ui(a) => {
             let url = database_url.as_deref().unwrap_or(DEFAULT_DATABASE_URL);
+            crate::store::probe(url, timeout).await?;
             ui::run(url, &a, out).await
         }
         Command::Bench(a) => bench::run(database_url.as_deref(), &a, out).await,
@@ -474,12 +501,33 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         other => {
             let database_url = database_url.as_deref().unwrap_or(DEFAULT_DATABASE_URL);
-            let store = crate::store::connect(database_url).await?;
+            if other.is_read_only() {
+                args::require_existing_sqlite_file(database_url)?;
+            }
+            let store = crate::store::connect_timeout(database_url, timeout).await?;
             let queue = Queue::new(Arc::clone(&store));
             let result = dispatch(other, database_url, &queue, out).await;
             store.close().await;
             result
         }
+    }
+}
+
+impl Command {
+    /// Whether the command only reads the database: on a SQLite file that does not exist it
+    /// says so instead of creating an empty database.
+    pub fn is_read_only(&self) -> bool {
+        matches!(
+            self,
+            Command::Stats
+                | Command::List(_)
+                | Command::Show { .. }
+                | Command::Jobs(_)
+                | Command::Claims(_)
+                | Command::Schedules
+                | Command::Check
+                | Command::Liveness(_)
+        )
     }
 }
 

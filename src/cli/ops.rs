@@ -158,10 +158,43 @@ pub(crate) async fn run_worker(url: &str, a: &RunArgs, out: Output) -> Result<()
         runtime.hooks().join(", "),
         a.concurrency
     );
-    let signal = stop_signal().await;
+    let stop = tokio::select! {
+        signal = stop_signal() => Ok(signal),
+        refused = refused_writes(runtime.store()) => Err(refused),
+    };
     eprintln!("stopping: waiting for in-flight actions to finish…");
     handle.shutdown().await;
     runtime.store().close().await;
-    signal.map_err(|e| CliError::Failed(format!("cannot wait for a stop signal: {e}")))?;
+    match stop {
+        Ok(signal) => {
+            signal.map_err(|e| CliError::Failed(format!("cannot wait for a stop signal: {e}")))?
+        }
+        Err(e) => {
+            return Err(CliError::Failed(format!(
+                "stopping: the database refuses writes for good ({e}); fix its permissions or \
+                 --database-url and start the worker again"
+            )))
+        }
+    }
     out.emit(&json!({"stopped": true}), || "worker stopped".into())
+}
+
+/// How often `run` checks that the database still takes writes.
+const WRITE_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Resolves with the first permanent write error ([`crate::Error::is_permanent`]: a read-only
+/// SQLite file, a read-only server, a permission denied) of an idempotent write transaction
+/// the maintenance loop also runs (re-arming fixed-delay schedules), tried at once and every
+/// [`WRITE_CHECK_EVERY`]; transient errors are retried, so it never resolves on a healthy or
+/// briefly unreachable database. The worker itself only logs its failed writes and retries,
+/// which would loop forever on a database it can never write.
+async fn refused_writes(store: &crate::store::DynStore) -> crate::Error {
+    loop {
+        match store.rearm_fixed_delay(chrono::Utc::now()).await {
+            Err(e) if e.is_permanent() => return e,
+            Err(e) => tracing::warn!(error = %e, "write check failed; retrying"),
+            Ok(_) => {}
+        }
+        tokio::time::sleep(WRITE_CHECK_EVERY).await;
+    }
 }

@@ -1,5 +1,6 @@
 //! What commands produce: [`Output`] writes results to stdout (text, or JSON with `--json`), and
-//! [`CliError`] is what the binary prints as `error: <message>` before exiting with status 1.
+//! [`CliError`] is what the binary prints as `error: <message>` (a JSON object with `--json`,
+//! see [`error_report`]) before exiting with status 1.
 
 use crate::Error;
 use serde::Serialize;
@@ -17,6 +18,53 @@ pub enum CliError {
     /// A command could not complete (demo timeout, interrupted, ...).
     #[error("{0}")]
     Failed(String),
+}
+
+/// The exit status of a runtime error (see the exit-status table in `dockhand --help`).
+pub const EXIT_RUNTIME: u8 = 1;
+/// The exit status of a usage error (clap's: an unknown option, a value it cannot parse).
+pub const EXIT_USAGE: u8 = 2;
+
+impl CliError {
+    /// A stable machine-readable name of what went wrong, for `--json` errors: `invalid_input`,
+    /// `not_found`, `connect`, `database`, `config`, `migrate`, `corrupt`, `unknown_hook`,
+    /// `lease_lost`, `io`, `failed`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CliError::Dockhand(e) => match e {
+                Error::InvalidInput { .. } => "invalid_input",
+                Error::UnknownHook { .. } => "unknown_hook",
+                Error::NotFound { .. } => "not_found",
+                Error::Database { .. } => "database",
+                Error::Migrate(_) => "migrate",
+                Error::Config(_) => "config",
+                Error::Corrupt { .. } => "corrupt",
+                Error::Connect { .. } => "connect",
+                Error::LeaseLost { .. } => "lease_lost",
+                #[allow(unreachable_patterns)]
+                _ => "error",
+            },
+            CliError::Io(_) => "io",
+            CliError::Failed(_) => "failed",
+        }
+    }
+
+    /// The process exit status for this error: always [`EXIT_RUNTIME`].
+    pub fn exit_code(&self) -> u8 {
+        EXIT_RUNTIME
+    }
+}
+
+/// The error as the binary prints it on stderr: `error: MESSAGE`, or with `--json` one JSON
+/// object `{"error": MESSAGE, "kind": KIND, "exit": STATUS}` on a line. The message is
+/// redacted once more, so no credential can reach the terminal even from a driver's text.
+pub fn error_report(message: &str, kind: &str, exit: u8, json: bool) -> String {
+    let message = crate::store::redact_text(message);
+    if json {
+        serde_json::json!({"error": message, "kind": kind, "exit": exit}).to_string()
+    } else {
+        format!("error: {message}")
+    }
 }
 
 /// Adds a hint when the schema is missing (a command run before `dockhand migrate`).

@@ -38,12 +38,15 @@ pub mod faulty;
 pub mod mysql;
 pub mod operator;
 pub mod postgres;
+mod reach;
 mod rerun;
 pub mod sqlite;
 #[cfg(test)]
 pub(crate) mod test_lease;
 pub mod traced;
 mod types;
+
+pub use reach::{probe, DEFAULT_CONNECT_TIMEOUT};
 
 pub use types::{
     Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
@@ -603,8 +606,16 @@ pub const SUPPORTED_SCHEMES: &str =
 
 /// Opens the store a URL names: `sqlite:…` (file or `sqlite::memory:`), `postgres://…` /
 /// `postgresql://…`, or `mysql://…` / `mariadb://…` (MySQL 8 or MariaDB 10.6+). Does not
-/// migrate.
+/// migrate. A server that refuses the connection, a host that does not resolve or no answer
+/// within [`DEFAULT_CONNECT_TIMEOUT`] fail at once with [`Error::Connect`] (see
+/// [`connect_timeout`]).
 pub async fn connect(url: &str) -> Result<DynStore> {
+    connect_timeout(url, DEFAULT_CONNECT_TIMEOUT).await
+}
+
+/// [`connect`] with an explicit bound on the first connection attempt ([`probe`]).
+pub async fn connect_timeout(url: &str, timeout: std::time::Duration) -> Result<DynStore> {
+    probe(url, timeout).await?;
     if url.starts_with("sqlite:") {
         Ok(traced::Traced::wrap(Arc::new(
             sqlite::SqliteStore::connect(url).await?,
@@ -628,45 +639,114 @@ pub async fn connect(url: &str) -> Result<DynStore> {
     }
 }
 
-/// The URL with any password replaced by `***`, for messages and logs: the one in the
-/// user-info part (`scheme://user:PASSWORD@host`) and the value of any `password=` query
-/// parameter (PostgreSQL URLs accept one; the key is compared percent-decoded).
+/// The URL with anything that looks like a credential replaced by `***`, for messages and
+/// logs, whatever the URL's shape (a missing slash, no scheme, a typo, a libpq key/value DSN):
+///
+/// - the user-info part before the last `@`: for `scheme://user:PASSWORD@host` and for a known
+///   scheme with missing slashes (`postgres:/user:PASSWORD@host`) the user is kept; in any
+///   other shape everything before the `@` is replaced, since there is no telling where the
+///   user name ends;
+/// - the value of any `password=`, `passwd=`, `pwd=` or `pass=` key anywhere (query
+///   parameters and `key=value` strings; the key is compared percent-decoded, any case).
 pub fn redact_url(url: &str) -> String {
-    redact_query_password(&redact_userinfo(url))
+    redact_key_values(&redact_userinfo(url))
 }
 
-fn redact_userinfo(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((creds, host)) = rest.rsplit_once('@') {
-            if let Some((user, _)) = creds.split_once(':') {
-                return format!("{scheme}://{user}:***@{host}");
-            }
+/// [`redact_url`] on each word of a free text (an error message that may quote a URL or a
+/// `key=value` string): words are split at whitespace and backticks, so the rest of the
+/// message stays readable.
+pub fn redact_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut word = String::new();
+    for c in text.chars() {
+        if c.is_whitespace() || c == '`' {
+            out.push_str(&redact_url(&word));
+            word.clear();
+            out.push(c);
+        } else {
+            word.push(c);
         }
     }
-    url.to_string()
+    out.push_str(&redact_url(&word));
+    out
 }
 
-fn redact_query_password(url: &str) -> String {
-    let Some((head, rest)) = url.split_once('?') else {
+/// Schemes whose `scheme:` prefix is kept even when the slashes after it are wrong.
+const KNOWN_SCHEMES: [&str; 5] = ["sqlite", "postgres", "postgresql", "mysql", "mariadb"];
+
+fn redact_userinfo(url: &str) -> String {
+    let Some(at) = url.rfind('@') else {
         return url.to_string();
     };
-    let (query, fragment) = match rest.split_once('#') {
-        Some((q, f)) => (q, Some(f)),
-        None => (rest, None),
+    let (before, host) = (&url[..at], &url[at..]);
+    // The prefix kept as it is: `scheme://` (a well-formed scheme), or a known scheme with any
+    // number of slashes.
+    let scheme_end = match before.find("://") {
+        Some(i) if is_scheme(&before[..i]) => Some(i + 3),
+        _ => before.find(':').and_then(|i| {
+            let scheme = &before[..i];
+            KNOWN_SCHEMES
+                .iter()
+                .any(|k| k.eq_ignore_ascii_case(scheme))
+                .then(|| {
+                    i + 1 + before[i + 1..].len() - before[i + 1..].trim_start_matches('/').len()
+                })
+        }),
     };
-    let query = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((key, _)) if percent_decode(key).eq_ignore_ascii_case("password") => {
-                format!("{key}=***")
+    match scheme_end {
+        Some(end) => {
+            let (prefix, creds) = before.split_at(end);
+            match creds.split_once(':') {
+                Some((user, _)) if !user.contains(['/', '?', '#', '=', ' ']) => {
+                    format!("{prefix}{user}:***{host}")
+                }
+                Some(_) => format!("{prefix}***{host}"),
+                None => url.to_string(),
             }
-            _ => pair.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join("&");
-    match fragment {
-        Some(f) => format!("{head}?{query}#{f}"),
-        None => format!("{head}?{query}"),
+        }
+        None => format!("***{host}"),
+    }
+}
+
+/// RFC 3986 scheme: a letter, then letters, digits, `+`, `-` or `.`.
+fn is_scheme(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+}
+
+/// Replaces the value of every credential-looking `key=value` (keys after `?`, `&`, `;`,
+/// whitespace or at the start) up to the next `&`, `;`, `#` or whitespace, or the closing quote
+/// of a quoted value.
+fn redact_key_values(url: &str) -> String {
+    const KEYS: [&str; 4] = ["password", "passwd", "pwd", "pass"];
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    loop {
+        // The next `key=` whose key starts at a separator.
+        let Some(eq) = rest.find('=') else {
+            out.push_str(rest);
+            return out;
+        };
+        let key_start = rest[..eq]
+            .rfind(|c: char| matches!(c, '?' | '&' | ';' | '/' | ',') || c.is_whitespace())
+            .map_or(0, |i| {
+                i + rest[i..].chars().next().map_or(1, char::len_utf8)
+            });
+        let key = percent_decode(rest[key_start..eq].trim());
+        out.push_str(&rest[..=eq]);
+        rest = &rest[eq + 1..];
+        if !KEYS.iter().any(|k| k.eq_ignore_ascii_case(&key)) {
+            continue;
+        }
+        let value_end = match rest.chars().next() {
+            Some(q @ ('\'' | '"')) => rest[1..].find(q).map_or(rest.len(), |i| i + 2),
+            _ => rest
+                .find(|c: char| matches!(c, '&' | ';' | '#') || c.is_whitespace())
+                .unwrap_or(rest.len()),
+        };
+        out.push_str("***");
+        rest = &rest[value_end..];
     }
 }
 
@@ -729,7 +809,7 @@ pub(crate) fn unique_violation_as(e: sqlx::Error, op: &'static str, id: i64) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use super::{redact_text, redact_url};
 
     #[test]
     fn passwords_never_shown() {
@@ -752,6 +832,33 @@ mod tests {
         assert_eq!(
             redact_url("postgres://h/db?pass%77ord=pw"),
             "postgres://h/db?pass%77ord=***"
+        );
+    }
+
+    #[test]
+    fn passwords_hidden_in_urls_of_any_shape() {
+        assert_eq!(redact_url("postgres:/u:pw@h/db"), "postgres:/u:***@h/db");
+        assert_eq!(redact_url("postgres:u:pw@h/db"), "postgres:u:***@h/db");
+        assert_eq!(redact_url("postgre://u:pw@h/db"), "postgre://u:***@h/db");
+        assert_eq!(redact_url("u:pw@h/db"), "***@h/db");
+        assert_eq!(redact_url("//u:pw@h/db"), "***@h/db");
+        assert_eq!(redact_url("myslq:/u:pw@h"), "***@h");
+        assert_eq!(
+            redact_url("host=h user=u password=pw dbname=d"),
+            "host=h user=u password=*** dbname=d"
+        );
+        assert_eq!(
+            redact_url("host=h password='p w' x=1"),
+            "host=h password=*** x=1"
+        );
+        assert_eq!(
+            redact_url("mysql://h/db?PWD=pw;a=b"),
+            "mysql://h/db?PWD=***;a=b"
+        );
+        assert_eq!(redact_url("sqlite:x.db?mode=ro"), "sqlite:x.db?mode=ro");
+        assert_eq!(
+            redact_text("invalid database_url: bad `u:pw@h` and password=pw there"),
+            "invalid database_url: bad `***@h` and password=*** there"
         );
     }
 }

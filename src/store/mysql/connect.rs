@@ -220,7 +220,7 @@ async fn check_session(pool: &MySqlPool) -> Result<()> {
 }
 
 fn parse_url(url: &str) -> Result<MySqlConnectOptions> {
-    MySqlConnectOptions::from_str(url).map_err(|e| Error::invalid("database_url", e.to_string()))
+    MySqlConnectOptions::from_str(url).map_err(|e| crate::store::reach::url_error(url, e))
 }
 
 fn validate_database(name: &str) -> Result<()> {

@@ -120,7 +120,7 @@ impl PgStore {
 }
 
 fn parse_url(url: &str) -> Result<PgConnectOptions> {
-    PgConnectOptions::from_str(url).map_err(|e| Error::invalid("database_url", e.to_string()))
+    PgConnectOptions::from_str(url).map_err(|e| crate::store::reach::url_error(url, e))
 }
 
 fn validate_schema(schema: &str) -> Result<()> {

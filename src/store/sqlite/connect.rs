@@ -26,7 +26,7 @@ impl SqliteStore {
     pub async fn connect(url: &str) -> Result<Self> {
         let memory = url.contains(":memory:") || url.contains("mode=memory");
         let base = SqliteConnectOptions::from_str(url)
-            .map_err(|e| Error::invalid("database_url", e.to_string()))?
+            .map_err(|e| crate::store::reach::url_error(url, e))?
             .create_if_missing(true)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
@@ -47,6 +47,14 @@ impl SqliteStore {
                 wake: Wakeup::new(),
             });
         }
+        let path = base.get_filename().display().to_string();
+        let opened = |e: sqlx::Error| match e {
+            sqlx::Error::Database(db) => Error::Connect {
+                target: format!("SQLite database {path}"),
+                reason: format!("cannot open SQLite database {path}: {}", db.message()),
+            },
+            other => Error::db("connect")(other),
+        };
         let opts = base
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal);
@@ -57,14 +65,14 @@ impl SqliteStore {
             .test_before_acquire(false)
             .connect_with(opts.clone())
             .await
-            .map_err(Error::db("connect"))?;
+            .map_err(opened)?;
         check_pragmas(&writer).await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
             .test_before_acquire(false)
             .connect_with(opts)
             .await
-            .map_err(Error::db("connect"))?;
+            .map_err(opened)?;
         Ok(Self {
             writer,
             reader,
