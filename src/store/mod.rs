@@ -693,6 +693,9 @@ fn redact_userinfo(url: &str) -> String {
                 })
         }),
     };
+    let well_formed = before
+        .find("://")
+        .is_some_and(|i| is_scheme(&before[..i]));
     match scheme_end {
         Some(end) => {
             let (prefix, creds) = before.split_at(end);
@@ -700,8 +703,10 @@ fn redact_userinfo(url: &str) -> String {
                 Some((user, _)) if !user.contains(['/', '?', '#', '=', ' ']) => {
                     format!("{prefix}{user}:***{host}")
                 }
-                Some(_) => format!("{prefix}***{host}"),
-                None => url.to_string(),
+                // A bare user name, but only where the shape says so: in `postgres:NAME@h`
+                // NAME may be the password of a user taken for the scheme.
+                None if well_formed => url.to_string(),
+                _ => format!("{prefix}***{host}"),
             }
         }
         None => format!("***{host}"),

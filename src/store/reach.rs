@@ -24,6 +24,9 @@ pub async fn probe(url: &str, timeout: Duration) -> Result<()> {
         attempt(&options, &target, options.get_host(), timeout).await
     } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
         let options = MySqlConnectOptions::from_str(url).map_err(|e| url_error(url, e))?;
+        if options.get_database().map_or(true, str::is_empty) {
+            return Ok(()); // `MySqlStore::connect` says the URL names no database
+        }
         let target = format!("{}:{}", options.get_host(), options.get_port());
         attempt(&options, &target, options.get_host(), timeout).await
     } else {
