@@ -118,37 +118,37 @@ impl Error {
     pub fn is_permanent(&self) -> bool {
         match self {
             Error::Connect { .. } | Error::Config(_) => true,
-            Error::Database { source, .. } if !self.is_transient() => match source {
-                sqlx::Error::Database(db) => {
-                    let mysql_number = db
-                        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                        .map(|e| e.number());
-                    // MySQL: read-only server (1290 --read-only, 1836 read-only mode),
-                    // access denied (1142 table, 1044 database, 1045 login).
-                    matches!(mysql_number, Some(1290 | 1836 | 1142 | 1044 | 1045))
-                        || matches!(
-                            db.code().as_deref(),
-                            // SQLite READONLY and its extended codes (8, 264 recovery,
-                            // 520 cantlock, 776 rollback, 1032 dbmoved, 1288 cantinit,
-                            // 1544 directory), CANTOPEN (14), PERM (3), AUTH (23);
-                            // PostgreSQL read-only transaction, insufficient privilege.
-                            Some(
-                                "8" | "264"
-                                    | "520"
-                                    | "776"
-                                    | "1032"
-                                    | "1288"
-                                    | "1544"
-                                    | "14"
-                                    | "3"
-                                    | "23"
-                                    | "25006"
-                                    | "42501"
-                            )
+            Error::Database {
+                source: sqlx::Error::Database(db),
+                ..
+            } if !self.is_transient() => {
+                let mysql_number = db
+                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .map(|e| e.number());
+                // MySQL: read-only server (1290 --read-only, 1836 read-only mode),
+                // access denied (1142 table, 1044 database, 1045 login).
+                matches!(mysql_number, Some(1290 | 1836 | 1142 | 1044 | 1045))
+                    || matches!(
+                        db.code().as_deref(),
+                        // SQLite READONLY and its extended codes (8, 264 recovery, 520
+                        // cantlock, 776 rollback, 1032 dbmoved, 1288 cantinit, 1544
+                        // directory), CANTOPEN (14), PERM (3), AUTH (23); PostgreSQL
+                        // read-only transaction, insufficient privilege.
+                        Some(
+                            "8" | "264"
+                                | "520"
+                                | "776"
+                                | "1032"
+                                | "1288"
+                                | "1544"
+                                | "14"
+                                | "3"
+                                | "23"
+                                | "25006"
+                                | "42501"
                         )
-                }
-                _ => false,
-            },
+                    )
+            }
             _ => false,
         }
     }

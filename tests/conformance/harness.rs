@@ -153,6 +153,40 @@ impl TestDb {
         }
     }
 
+    /// A store on the same database whose every write is refused for good: SQLite opened
+    /// `mode=ro`, PostgreSQL with `default_transaction_read_only`, MySQL/MariaDB one session
+    /// set to `TRANSACTION READ ONLY`.
+    pub async fn open_read_only(&self) -> DynStore {
+        match self.kind {
+            Kind::Sqlite => Arc::new(
+                SqliteStore::connect(&format!("{}?mode=ro", self.url))
+                    .await
+                    .expect("open sqlite read-only"),
+            ),
+            Kind::Postgres => {
+                use std::str::FromStr;
+                let schema = self.schema.clone().unwrap_or_else(|| "public".into());
+                let opts = sqlx::postgres::PgConnectOptions::from_str(&self.url)
+                    .expect("pg url")
+                    .options([
+                        ("search_path", schema.as_str()),
+                        ("default_transaction_read_only", "on"),
+                    ]);
+                Arc::new(PgStore::connect_with(opts, 2).await.expect("open pg"))
+            }
+            Kind::Mysql => {
+                let name = self.schema.clone().unwrap_or_else(|| "test".into());
+                let opts = MySqlStore::url_for_database(&self.url, &name).expect("mysql url");
+                let store = MySqlStore::connect_with(opts, 1).await.expect("open mysql");
+                sqlx::query("SET SESSION TRANSACTION READ ONLY")
+                    .execute(store.pool())
+                    .await
+                    .expect("read-only session");
+                Arc::new(store)
+            }
+        }
+    }
+
     /// A runtime on this database with the frozen clock and deterministic settings.
     pub fn runtime(&self) -> RuntimeBuilder {
         self.runtime_on(self.store.clone())

@@ -38,6 +38,7 @@ conformance!(
     store_stats_counts_and_lag,
     store_logs_record_the_lifecycle,
     store_finish_many_guards_each_row,
+    store_read_only_writes_are_permanent_errors,
     // Item claims (S-C1 … S-C11)
     s_c1_two_pipelines_race_for_one_item,
     s_c2_takeover_fences_out_the_old_owner,

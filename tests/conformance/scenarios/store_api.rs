@@ -357,3 +357,32 @@ pub async fn store_finish_many_guards_each_row(db: TestDb) {
         .unwrap()
         .is_empty());
 }
+
+/// Issue 17 item 6: a write the database refuses for good (read-only file, transaction or
+/// session) is classified permanent, not transient, so `dockhand run` stops instead of
+/// retrying forever; writes that go through are unaffected.
+pub async fn store_read_only_writes_are_permanent_errors(db: TestDb) {
+    let ro = db.open_read_only().await;
+    let now = db.clock.now();
+    let refused = ro
+        .rearm_fixed_delay(now)
+        .await
+        .expect_err("a read-only database takes no write");
+    assert!(refused.is_permanent(), "{refused}");
+    assert!(!refused.is_transient(), "{refused}");
+    let action = ActionSpec::new("h", json!({}))
+        .prepare(now)
+        .expect("valid action");
+    let refused = ro
+        .enqueue(&action, now)
+        .await
+        .expect_err("a read-only database takes no enqueue");
+    assert!(refused.is_permanent(), "{refused}");
+    // Reads still work, and the writable store is untouched by the classification.
+    ro.stats(now).await.expect("reads work");
+    db.store
+        .rearm_fixed_delay(now)
+        .await
+        .expect("writable store");
+    ro.close().await;
+}
