@@ -173,14 +173,17 @@ fn a_worker_on_a_database_it_can_never_write_stops_with_one_line() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn run");
+    let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    let o = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the worker did not stop")
-        .expect("wait");
+    let Ok(o) = rx.recv_timeout(Duration::from_secs(60)) else {
+        // Do not leave the worker behind.
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+        panic!("the worker did not stop on a database it can never write");
+    };
+    let o = o.expect("wait");
     assert_eq!(o.status.code(), Some(1));
     let err = stderr(&o);
     let last = err.lines().last().unwrap_or_default();
