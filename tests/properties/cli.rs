@@ -33,6 +33,7 @@ const WORDS: &[&str] = &[
     "migrate",
     "--json",
     "--database-url",
+    "--connect-timeout",
     "--hook",
     "--group",
     "--args",
