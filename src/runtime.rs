@@ -92,7 +92,9 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Called after a job finishes `failed` (J5).
+    /// Called after a job finishes `failed` (J5). Not for `cancelled`: a cancel is an
+    /// operator's decision, not a failure (it reaches [`RuntimeBuilder::on_job_finished`] with
+    /// its status; see the README's hook table).
     pub fn on_job_failed<F, Fut>(mut self, f: F) -> Self
     where
         F: Fn(JobEvent) -> Fut + Send + Sync + 'static,

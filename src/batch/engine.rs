@@ -11,7 +11,7 @@ use super::{
     BatchAbort, ChildOutcome, ChildSpec, FanOutOutcome, FenceOutcome, RowSettle, WorkItem,
     DEFAULT_CHUNK_SIZE, MAX_CHILD_ATTEMPTS,
 };
-use crate::claims::hex;
+use crate::claims::{hex, DEFAULT_CLAIM_TTL};
 use crate::error::{Error, Result};
 use crate::handler::{ActionContext, HandlerError, HandlerResult};
 use crate::jobs::engine::Engine;
@@ -113,33 +113,50 @@ impl Engine {
         Ok(())
     }
 
-    /// A step action delivered again (`attempt > 1`) to a job that already fanned out: the
-    /// step's output is the committed worklist, so the step does not run again (a re-run
-    /// could not claim the items the first children hold, and its smaller fan-out would be
-    /// refused as another contract). Makes sure the first chunk is scheduled, as an adopted
-    /// fan-out does (the earlier delivery may have died before scheduling it). `Ok(false)`:
-    /// the job has no batch, run the step.
-    pub(crate) async fn resume_fanned_out(
-        &self,
-        job_id: i64,
-        step: i32,
-        priority: i32,
-    ) -> std::result::Result<bool, HandlerError> {
+    /// A step action delivered to a job that already fanned out (recognised by its batch row:
+    /// a re-delivery after a lost finish, or an operator's retry of the step action, which
+    /// resets its attempt count): the step's output is the committed worklist, so the step
+    /// does not run again (a re-run could not claim the items the first children hold, and
+    /// its smaller fan-out would be refused as another contract). Instead it makes sure the
+    /// batch has a way forward (B7): the parent is finished if due; the first chunk is
+    /// scheduled if scheduling has not ended (an earlier delivery may have died before
+    /// scheduling it, as an adopted fan-out does); rows still leased with no child active get
+    /// a chunk action to settle them. Active children are their own wake-up.
+    pub(crate) async fn resume_fanned_out(&self, job: &Job, step: i32) -> HandlerResult {
+        let job_id = job.id;
         let Some(st) = self.store.batch_state(job_id).await.map_err(retry)? else {
-            return Ok(false);
+            return Ok(());
         };
         tracing::info!(
             job_id,
             step,
             "step delivered again after its fan-out committed; the batch carries on"
         );
+        let priority = self.priority_of(&job.pipeline);
+        if st.decision().is_some() {
+            return self.finalize_if_due(job_id, &st).await.map_err(retry);
+        }
         if !st.fenced && st.outcome.is_none() {
             if let Err(e) = self.schedule_chunk(job_id, 0, priority).await {
                 tracing::warn!(job_id, error = %e, "first chunk could not be scheduled");
                 self.batch_schedule_failed(job_id).await.map_err(retry)?;
             }
+        } else if st.active_children() == 0 {
+            // Fenced or stopped, not due: only leased rows are left, held by a chunk run that
+            // may have died. A chunk action past the worklist settles them once free.
+            self.schedule_chunk(job_id, st.items_total, priority)
+                .await
+                .map_err(retry)?;
         }
-        Ok(true)
+        Ok(())
+    }
+
+    /// The chunk priority of a pipeline, or the default when this runtime does not know it.
+    fn priority_of(&self, pipeline: &str) -> i32 {
+        self.pipelines
+            .pipelines
+            .get(pipeline)
+            .map_or(crate::action::DEFAULT_PRIORITY, |p| p.priority)
     }
 
     /// B3: stop scheduling, discard unscheduled rows (their claims released), and finish the
@@ -177,7 +194,7 @@ impl Engine {
         .await
     }
 
-    async fn finalize_if_due(&self, parent: i64, st: &super::BatchState) -> Result<()> {
+    pub(crate) async fn finalize_if_due(&self, parent: i64, st: &super::BatchState) -> Result<()> {
         if let Some((status, why)) = st.decision() {
             self.bridge(parent, status, why).await?;
             if let Err(e) = self.store.cleanup_worklist(parent).await {
@@ -251,6 +268,10 @@ impl Engine {
                 .await
                 .map_err(retry)?
                 .unwrap_or(st);
+            if st.leased > 0 && st.active_children() == 0 {
+                // Another chunk run holds rows: stay as the wake-up until they come free.
+                return Err(HandlerError::snooze(LEASED_ROWS_RECHECK));
+            }
             return self.finalize_if_due(parent, &st).await.map_err(retry);
         }
         let rows = self
@@ -285,11 +306,34 @@ impl Engine {
                                 pipeline: job.pipeline.clone(),
                                 step_index: st.child_step,
                                 input_refs: vec![row.payload_ref.clone()],
-                                claim_tokens: row.sidecar.iter().map(|d| d.token.clone()).collect(),
+                                // The claims the parent holds move to the child; a descriptor
+                                // of another owner is not the parent's to hand over.
+                                claim_tokens: row
+                                    .sidecar
+                                    .iter()
+                                    .filter(|d| d.job_id == Some(parent))
+                                    .map(|d| d.token.clone())
+                                    .collect(),
+                                claim_ttl: DEFAULT_CLAIM_TTL,
                                 step: pipeline.step_action(),
                             };
-                            match self.store.create_child(&spec, self.clock.now()).await {
+                            match self
+                                .store
+                                .create_child(&spec, chunk, self.clock.now())
+                                .await
+                            {
                                 Ok(ChildOutcome::Created(_) | ChildOutcome::Adopted(_)) => None,
+                                Ok(ChildOutcome::Discarded(cause)) => {
+                                    tracing::warn!(
+                                        parent,
+                                        idx = row.idx,
+                                        ?cause,
+                                        "worklist row discarded instead of becoming a child"
+                                    );
+                                    None
+                                }
+                                // A stale run: a newer attempt of this chunk owns its rows.
+                                Err(e @ Error::LeaseLost { .. }) => return Err(retry(e)),
                                 Err(e) => Some(RowSettle::Retry {
                                     error: e.to_string(),
                                     max_attempts: MAX_CHILD_ATTEMPTS,
@@ -380,32 +424,14 @@ impl Engine {
             return self.finalize_if_due(parent, &st).await.map_err(retry);
         }
         if !st.fenced {
-            let priority = self
-                .pipelines
-                .pipelines
-                .get(&job.pipeline)
-                .map_or(crate::action::DEFAULT_PRIORITY, |p| p.priority);
+            let priority = self.priority_of(&job.pipeline);
             self.schedule_chunk(parent, st.items_total, priority)
                 .await
                 .map_err(retry)?;
+        } else if st.leased > 0 && st.active_children() == 0 {
+            // Rows an in-flight (or dead) chunk run holds: re-check until they are settled.
+            return Err(HandlerError::snooze(LEASED_ROWS_RECHECK));
         }
         Ok(())
-    }
-
-    /// B5: cancel a batch parent: unscheduled rows discarded (claims released), in-flight rows
-    /// settled by their chunk, the parent finished `cancelled` once no child is active.
-    /// Returns whether the parent is final now.
-    pub(crate) async fn cancel_batch(&self, parent: i64) -> Result<bool> {
-        let st = self
-            .store
-            .abort_batch(parent, BatchAbort::Cancel, self.clock.now())
-            .await?;
-        self.finalize_if_due(parent, &st).await?;
-        Ok(st.decision().is_some())
-    }
-
-    /// Whether a job is a live batch parent (cancel goes through `cancel_batch`).
-    pub(crate) async fn is_batch_parent(&self, job: &Job) -> Result<bool> {
-        Ok(!job.status.is_final() && self.store.batch_state(job.id).await?.is_some())
     }
 }

@@ -13,6 +13,7 @@
 pub mod engine;
 pub mod recovery;
 pub mod rerun;
+pub mod stop;
 
 use crate::action::PreparedAction;
 use crate::claims::Descriptor;
@@ -38,6 +39,15 @@ pub mod reason {
     pub const BATCH_SCHEDULE_FAILED: &str = "batch_schedule_failed";
     /// Every child failed.
     pub const ALL_CHILDREN_FAILED: &str = "all_children_failed";
+}
+
+/// The values of a parent's `batch_outcome` (why it stopped scheduling).
+pub mod outcome {
+    /// A chunk could not be enqueued (B3); the parent finishes `failed / batch_schedule_failed`.
+    pub const SCHEDULE_FAILED: &str = "batch_schedule_failed";
+    /// An operator stopped the batch (B5: a cancel or a manual fail); the parent finishes with
+    /// the stop's status and reason ([`super::BatchState::stop_status`]).
+    pub const STOPPED: &str = "cancel_requested";
 }
 
 /// The worklist `lease_owner` of the chunk action `chunk_action_id`. Every delivery of one
@@ -116,6 +126,17 @@ pub struct FailedChild {
     pub sidecar_error: Option<String>,
 }
 
+/// Whether a stored sidecar (JSON text) is malformed: not a JSON array of descriptors. Its
+/// claims cannot be released by token; see [`crate::Store::settle_work`].
+pub(crate) fn sidecar_text_is_malformed(text: &str) -> bool {
+    decode_sidecar_text(Some(text)).1.is_some()
+}
+
+/// [`sidecar_text_is_malformed`] for a sidecar stored as JSON (PostgreSQL).
+pub(crate) fn sidecar_is_malformed(json: &serde_json::Value) -> bool {
+    serde_json::from_value::<Vec<Descriptor>>(json.clone()).is_err()
+}
+
 /// Decodes a stored cleanup sidecar (a JSON array of descriptors); `None` (no sidecar stored)
 /// is empty. An undecodable one is empty with the reason, never a store error.
 pub(crate) fn decode_sidecar(json: Option<serde_json::Value>) -> (Vec<Descriptor>, Option<String>) {
@@ -165,8 +186,15 @@ pub struct ChildSpec {
     pub step_index: i32,
     /// The child's input refs.
     pub input_refs: Vec<String>,
-    /// Tokens of the claims the child takes over from the parent.
+    /// Tokens of the claims the child takes over from the parent (the row's sidecar
+    /// descriptors owned by the parent). Every one must still be held by the parent (status
+    /// `claimed`, same token, `job_id` = parent), or no child is created
+    /// ([`ChildOutcome::Discarded`] with [`DiscardCause::ClaimLost`]).
     pub claim_tokens: Vec<String>,
+    /// The claims move to the child renewed, `expires_at = now + ` the TTL each was taken with
+    /// (its `ttl_ms`), or this one for a claim that has none (taken before migration 0010):
+    /// the row may have waited in the worklist for a long time.
+    pub claim_ttl: chrono::Duration,
     /// The child's step-action template.
     pub step: StepAction,
 }
@@ -178,6 +206,20 @@ pub enum ChildOutcome {
     Created(i64),
     /// The child existed already (a duplicate delivery); adopted.
     Adopted(i64),
+    /// No child: in the same transaction the row was discarded and what the parent still held
+    /// of its claims released.
+    Discarded(DiscardCause),
+}
+
+/// Why `create_child` discarded a row instead of creating its child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscardCause {
+    /// The batch has an outcome (schedule failure or an operator's stop) or the parent is
+    /// final: no new child (B3, B5).
+    BatchStopped,
+    /// A claim of the row is no longer held by the parent (it expired and another owner took
+    /// it over, or it was released): the item is not the batch's to process.
+    ClaimLost,
 }
 
 /// How a leased row that did not become a child is settled.
@@ -216,12 +258,28 @@ pub enum FenceOutcome {
 }
 
 /// Why a batch stops scheduling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BatchAbort {
     /// A chunk could not be enqueued (B3).
     ScheduleFailed,
-    /// The parent was cancelled (B5).
-    Cancel,
+    /// An operator stopped the batch (B5): the parent finishes with `status` (`cancelled` or
+    /// `failed`) and `reason` once no child is active.
+    Stop {
+        /// `Cancelled` (a cancel) or `Failed` (a manual fail).
+        status: JobStatus,
+        /// The reason the parent finishes with.
+        reason: String,
+    },
+}
+
+impl BatchAbort {
+    /// An operator's cancel (reason `manual`).
+    pub fn cancel() -> Self {
+        BatchAbort::Stop {
+            status: JobStatus::Cancelled,
+            reason: crate::jobs::bridge::reason::MANUAL.into(),
+        }
+    }
 }
 
 /// A batch parent's fields and worklist counts, read from the database.
@@ -231,8 +289,13 @@ pub struct BatchState {
     pub status: Option<JobStatus>,
     /// Every worklist item became a child or was discarded.
     pub fenced: bool,
-    /// `batch_schedule_failed` or `cancel_requested`.
+    /// Why it stopped scheduling: [`outcome::SCHEDULE_FAILED`] or [`outcome::STOPPED`].
     pub outcome: Option<String>,
+    /// An operator's stop: the status the parent finishes with (`None`: not stopped by an
+    /// operator, or stopped before migration 0008, which finishes `cancelled`).
+    pub stop_status: Option<JobStatus>,
+    /// An operator's stop: the reason the parent finishes with (`None`: `manual`).
+    pub stop_reason: Option<String>,
     /// Rows per chunk.
     pub chunk_size: i32,
     /// The step children start at.
@@ -267,10 +330,10 @@ impl BatchState {
 
     /// The parent's final status once fenced, with every child terminal and no row still
     /// leased by an in-flight chunk (B6):
-    /// `batch_schedule_failed` wins; a cancel request gives `cancelled`; any completed child →
-    /// completed; every child failed → failed (`all_children_failed`); otherwise
-    /// completed_no_items. `None` while not due.
-    pub fn decision(&self) -> Option<(JobStatus, Option<&'static str>)> {
+    /// `batch_schedule_failed` wins; an operator's stop gives its status and reason
+    /// (`cancelled / manual` by default); any completed child → completed; every child failed
+    /// → failed (`all_children_failed`); otherwise completed_no_items. `None` while not due.
+    pub fn decision(&self) -> Option<(JobStatus, Option<&str>)> {
         if !self.fenced || self.active_children() > 0 || self.leased > 0 {
             // Leased rows belong to an in-flight chunk, which settles them and then fences.
             return None;
@@ -280,8 +343,12 @@ impl BatchState {
                 (JobStatus::Failed, Some(reason::BATCH_SCHEDULE_FAILED))
             }
             Some(_) => (
-                JobStatus::Cancelled,
-                Some(crate::jobs::bridge::reason::MANUAL),
+                self.stop_status.unwrap_or(JobStatus::Cancelled),
+                Some(
+                    self.stop_reason
+                        .as_deref()
+                        .unwrap_or(crate::jobs::bridge::reason::MANUAL),
+                ),
             ),
             None if self.children_completed > 0 => (JobStatus::Completed, None),
             None if self.children_total > 0 && self.children_failed == self.children_total => {

@@ -6,11 +6,11 @@ use super::claims::claim_expiry;
 use super::table::{key_values, truncate, Table};
 use super::{CliError, Output};
 use crate::action::{Action, ActionFilter, ActionOrder, ActionQuery};
-use crate::claims::{ClaimFilter, ClaimStatus, CompletionRegistry, ItemClaim};
-use crate::jobs::{bridge, Job, JobFilter, STEP_HOOK};
+use crate::claims::{ClaimFilter, ClaimStatus, ItemClaim};
+use crate::jobs::{Job, JobFilter, STEP_HOOK};
 use crate::state::{ActionStatus, JobStatus};
 use crate::store::DynStore;
-use crate::{Error, Queue};
+use crate::{Error, Jobs, Queue};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use serde::Serialize;
@@ -285,7 +285,9 @@ fn steps_table(job: &Job, steps: &[StepActions]) -> String {
 }
 
 /// `dockhand manual-fail` and `dockhand cancel-job`: finishes the job with `status` through the
-/// terminal bridge. Already final: says so, exit 0. Unknown id: `job ID not found`, exit 1.
+/// batch-aware operator stop every surface shares ([`crate::Jobs::cancel`],
+/// [`crate::Jobs::manual_fail`]), from the store alone. Already final: says so, exit 0. Unknown
+/// id: `job ID not found`, exit 1.
 pub(crate) async fn finish_by_hand(
     q: &Queue,
     id: i64,
@@ -298,7 +300,7 @@ pub(crate) async fn finish_by_hand(
     }
     let store = q.store();
     let before = get_job(store, id).await?;
-    // Counted before the bridge deletes them (a step still running could take more meanwhile).
+    // Counted before the stop deletes them (a step still running could take more meanwhile).
     let held = if before.status.is_final() {
         0
     } else {
@@ -310,14 +312,27 @@ pub(crate) async fn finish_by_hand(
         };
         store.list_claims(&filter).await?.len()
     };
-    let completions = CompletionRegistry::with_builtins();
-    let now = q.clock().now();
-    let done = bridge::finish(store, &completions, id, status, Some(reason), now).await?;
+    let jobs = Jobs::without_pipelines(store.clone(), q.clock().clone());
+    let done = match status {
+        JobStatus::Cancelled => jobs.cancel(id).await?,
+        _ => jobs.finish(id, status, Some(reason)).await?,
+    };
     let standing = match &done.reason {
         Some(r) => format!("{} (reason: {r})", done.status),
         None => done.status.to_string(),
     };
-    let message = if done.changed {
+    let batch = if done.status.is_final() {
+        None
+    } else {
+        jobs.batch_state(id).await?
+    };
+    let message = if let Some(st) = &batch {
+        format!(
+            "job {id} ({}) is a batch parent: scheduling stopped, items not yet scheduled were              discarded and their claims released, children not yet started were cancelled; it              becomes {status} once its {} running child(ren) finish their step",
+            before.pipeline,
+            st.active_children()
+        )
+    } else if done.changed {
         let running_step = ActionQuery {
             statuses: vec![ActionStatus::Running],
             limit: 1,
@@ -351,6 +366,7 @@ pub(crate) async fn finish_by_hand(
             "reason": &done.reason,
             "previous_status": before.status,
             "released_claims": if done.changed { held } else { 0 },
+            "active_children": batch.as_ref().map(|st| st.active_children()),
             "message": &message,
         }),
         || message.clone(),

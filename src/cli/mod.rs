@@ -165,12 +165,11 @@ pub enum Command {
     Claims(ClaimsCommand),
     /// Fail a job by hand through the terminal bridge, releasing its claimed items.
     ///
-    /// Writes status `failed` with the reason, deletes the claims the job still holds (so
-    /// other jobs may take those items) and records the lifecycle event; a running
-    /// runtime's maintenance delivers it to the on_job_failed/on_job_finished hooks. A step
-    /// already running is not interrupted, but what it hands on is discarded. When the job is
-    /// already final, its standing status is printed, nothing changes and the exit status is
-    /// 0; an unknown id exits with status 1.
+    /// Writes status `failed` with the reason, deletes the claims the job still holds and
+    /// records the lifecycle event (a runtime's maintenance runs the on_job_failed hooks). A
+    /// running step is not interrupted, but what it hands on is discarded. A batch parent is
+    /// stopped as by cancel-job and ends `failed` once no child is active. An already final
+    /// job: its status is printed, exit status 0; an unknown id exits with status 1.
     ManualFail {
         /// The job id.
         job: i64,
@@ -181,10 +180,11 @@ pub enum Command {
     /// Cancel a job by hand through the terminal bridge (reason `manual`), releasing its
     /// claimed items.
     ///
-    /// Like manual-fail, with status `cancelled`: claims still held are deleted, the lifecycle
-    /// event goes to the outbox (on_job_finished), a running step is not interrupted but its
-    /// output is discarded. An already final job is reported with exit status 0; an unknown id
-    /// exits with status 1.
+    /// Like manual-fail, with status `cancelled` (lifecycle hook: on_job_finished). A batch
+    /// parent stops scheduling at once: items not yet scheduled are discarded and released,
+    /// children not yet started cancelled, a running child finishes its step and starts no
+    /// other; the parent ends `cancelled` once no child is active. Needs no worker. An already
+    /// final job is reported with exit status 0; an unknown id exits with status 1.
     CancelJob {
         /// The job id.
         job: i64,

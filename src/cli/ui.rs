@@ -178,7 +178,7 @@ async fn serve(url: &str, a: &UiArgs, out: Output) -> Result<(), CliError> {
         store.close().await;
         return Err(CliError::Failed(format!(
             "the database schema is at migration {version}; the dashboard needs {} (its list \
-             indexes, group pauses, batch re-runs): run `dockhand migrate` first (on \
+             indexes, group pauses, batch re-runs and stops): run `dockhand migrate` first (on \
              PostgreSQL with large tables you may pre-create the indexes CONCURRENTLY, see \
              migrations/postgres/0005)",
             crate::ui::SCHEMA_VERSION

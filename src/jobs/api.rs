@@ -145,40 +145,39 @@ impl Jobs {
     }
 
     /// Fails a job by hand through the terminal bridge (reason defaults to `manual`); its
-    /// claims are released.
+    /// claims are released. A batch parent is stopped as [`Jobs::cancel`] stops it and
+    /// finishes `failed` with this reason once no child is active; until then the result keeps
+    /// its current status with reason `fail_requested`.
     pub async fn manual_fail(&self, id: i64, why: Option<&str>) -> Result<Finished> {
-        self.finish(id, JobStatus::Failed, Some(why.unwrap_or(reason::MANUAL)))
+        self.engine
+            .stop_job(id, JobStatus::Failed, Some(why.unwrap_or(reason::MANUAL)))
             .await
     }
 
-    /// Cancels a job through the terminal bridge; its claims are released. A batch parent
-    /// (B5) stops scheduling at once (unscheduled items discarded, their claims released) and
-    /// finishes `cancelled` when no child is active; until then the result keeps its current
-    /// status with reason `cancel_requested`.
+    /// Cancels a job through the terminal bridge (reason `manual`); its claims are released.
+    /// A batch parent (B5) stops at once: unscheduled items are discarded (their claims
+    /// released), no further child is created, children not yet started are cancelled
+    /// through the bridge, running children start no further step; it finishes `cancelled`
+    /// when no child is active — at once if none is, else the result keeps its current status
+    /// with reason `cancel_requested`. The same function serves the CLI's `cancel-job` and the
+    /// dashboard, from the store alone.
     pub async fn cancel(&self, id: i64) -> Result<Finished> {
-        let job = self.get(id).await?;
-        if self.engine.is_batch_parent(&job).await? {
-            if self.engine.cancel_batch(id).await? {
-                return Ok(Finished {
-                    status: JobStatus::Cancelled,
-                    reason: Some(reason::MANUAL.into()),
-                    changed: true,
-                });
-            }
-            return Ok(Finished {
-                status: job.status,
-                reason: Some("cancel_requested".into()),
-                changed: true,
-            });
-        }
-        self.finish(id, JobStatus::Cancelled, Some(reason::MANUAL))
+        self.engine
+            .stop_job(id, JobStatus::Cancelled, Some(reason::MANUAL))
             .await
     }
 
-    /// Finishes a job with any final status through the terminal bridge.
+    /// Finishes a job with any final status through the terminal bridge. `cancelled` and
+    /// `failed` on a batch parent stop its batch as [`Jobs::cancel`] does; a success status
+    /// on a live batch parent is refused (it finishes from its children).
     pub async fn finish(&self, id: i64, status: JobStatus, why: Option<&str>) -> Result<Finished> {
-        self.get(id).await?;
-        self.engine.bridge(id, status, why).await
+        if !status.is_final() {
+            return Err(Error::invalid(
+                "status",
+                format!("{status} is not a final status"),
+            ));
+        }
+        self.engine.stop_job(id, status, why).await
     }
 
     /// Resumes a parked (`waiting`) job; false when it was not waiting.

@@ -4,7 +4,7 @@
 use super::bridge::{self, reason};
 use super::packets;
 use super::pipeline::{Packet, PipelineRegistry, StepContext, StepOutput};
-use super::{JobEvent, StepAction};
+use super::{JobEvent, StepAction, StepStart};
 use crate::claims::{
     ClaimItemRequest, ClaimOutcome, ClaimRun, CompletionConfig, CompletionRegistry, Descriptor,
     Identity,
@@ -125,27 +125,31 @@ impl Engine {
     pub(crate) async fn run_step(self: Arc<Self>, action: ActionContext) -> HandlerResult {
         let (job_id, step) = step_args(&action).map_err(HandlerError::fatal)?;
         let now = self.clock.now();
-        let Some(job) = self
+        // The step boundary (B5, B7): the store decides whether this step may start.
+        let job = match self
             .store
             .start_step(job_id, step, now)
             .await
             .map_err(HandlerError::retry)?
-        else {
-            tracing::debug!(job_id, step, "stale step action: the job moved on");
-            return Ok(());
+        {
+            StepStart::Run(job) => job,
+            StepStart::Stale => {
+                tracing::debug!(job_id, step, "stale step action: the job moved on");
+                return Ok(());
+            }
+            StepStart::ParentStopped(job) => {
+                return self
+                    .stop_at_step_boundary(&job)
+                    .await
+                    .map_err(HandlerError::retry)
+            }
+            StepStart::FannedOut(job) => return self.resume_fanned_out(&job, step).await,
         };
         let Some(pipeline) = self.pipelines.pipelines.get(&job.pipeline).cloned() else {
             return self
                 .unrunnable(job_id, format!("unknown pipeline `{}`", job.pipeline))
                 .await;
         };
-        if action.attempt > 1
-            && self
-                .resume_fanned_out(job_id, step, pipeline.priority)
-                .await?
-        {
-            return Ok(());
-        }
         if let Some(source) = self
             .rerun_source(&job, step)
             .await

@@ -85,9 +85,10 @@ fn finish_args(ctx: &ActionContext) -> Option<(i64, i64, String)> {
 
 impl Engine {
     /// Runs one `dockhand.job.finish` action: finishes the job `failed` with the action's
-    /// reason through the bridge, unless it is final already or has moved past the failed
-    /// step (an operator retried the step action and it succeeded). A bridge error is
-    /// retryable: the action comes back with backoff.
+    /// reason through the bridge, unless it is final already, has moved past the failed
+    /// step (an operator retried the step action and it succeeded), or fanned out (its batch
+    /// drives it: resumed instead). A bridge error is retryable: the action comes back with
+    /// backoff.
     pub(crate) async fn run_job_finish(self: Arc<Self>, ctx: ActionContext) -> HandlerResult {
         let Some((job_id, step, why)) = finish_args(&ctx) else {
             return Err(HandlerError::fatal(format!(
@@ -112,6 +113,18 @@ impl Engine {
                 "finish action: the job is final or moved on; nothing to do"
             );
             return Ok(());
+        }
+        // A job that fanned out is driven by its batch (its step's output is the committed
+        // worklist): a step action that failed for good after that (its worker died past its
+        // last attempt) does not fail it; the batch is resumed instead, as a re-delivery would.
+        if self
+            .store
+            .batch_state(job_id)
+            .await
+            .map_err(HandlerError::retry)?
+            .is_some()
+        {
+            return self.resume_fanned_out(&job, job.step_index).await;
         }
         tracing::warn!(job_id, step, reason = %why, "step failed for good; failing the job");
         self.bridge(job_id, JobStatus::Failed, Some(&why))

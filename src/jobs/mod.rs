@@ -55,6 +55,41 @@ pub struct Job {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
+/// What [`crate::Store::start_step`] decided about a delivered step action (the step
+/// boundary: a step starts only through it).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepStart {
+    /// The job is `processing` at this step (moved there from `pending`): run the step.
+    Run(Job),
+    /// The job already fanned out (it is a batch parent, recognised by its batch row, not by
+    /// the attempt number): its batch drives it from here and the step must not run again —
+    /// a re-delivery, or an operator's retry of the step action, resumes the batch instead.
+    FannedOut(Job),
+    /// The job is a batch child whose parent an operator stopped (cancel or manual fail) or
+    /// that is final: no step starts; the child is to be cancelled (B5). Nothing was changed.
+    ParentStopped(Job),
+    /// The job is final, waiting, or at another step: a stale step action, nothing to do.
+    Stale,
+}
+
+impl StepStart {
+    /// The job, unless the action is stale.
+    pub fn job(&self) -> Option<&Job> {
+        match self {
+            StepStart::Run(j) | StepStart::FannedOut(j) | StepStart::ParentStopped(j) => Some(j),
+            StepStart::Stale => None,
+        }
+    }
+
+    /// The job, unless the action is stale.
+    pub fn into_job(self) -> Option<Job> {
+        match self {
+            StepStart::Run(j) | StepStart::FannedOut(j) | StepStart::ParentStopped(j) => Some(j),
+            StepStart::Stale => None,
+        }
+    }
+}
+
 /// The template of a job's step actions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepAction {

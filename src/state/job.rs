@@ -152,10 +152,104 @@ impl JobTransition {
     }
 }
 
+/// What a delivered step action may do: the step boundary, decided by `Store::start_step` on
+/// the job row it locked (B5, J2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepGate {
+    /// The job is final, waiting, or at another step: nothing to do.
+    Stale,
+    /// A batch child whose parent an operator stopped (or that is final): no step starts.
+    ParentStopped,
+    /// The job fanned out already: its batch drives it, the step does not run again.
+    FannedOut,
+    /// `pending → processing` ([`JobTransition::Start`]), then run the step.
+    Start,
+    /// Already `processing` at this step: run it.
+    Run,
+}
+
+/// The batch parent of a job, as the step boundary sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParentView<'a> {
+    /// The parent's status.
+    pub status: JobStatus,
+    /// Its `batch_outcome` (`cancel_requested` is an operator's stop).
+    pub outcome: Option<&'a str>,
+}
+
+/// The step boundary: a step action for `at_step` (whether the job's step index is the
+/// action's) of a job in `status`. A child stops before any step once its parent is final or
+/// stopped by an operator (a schedule failure lets started children finish, B3); a job that
+/// fanned out never runs its step again (a re-delivery or an operator's retry resumes the
+/// batch, whatever the attempt number).
+pub fn step_gate(
+    status: JobStatus,
+    at_step: bool,
+    fanned_out: bool,
+    parent: Option<ParentView<'_>>,
+) -> StepGate {
+    if !at_step || !matches!(status, JobStatus::Pending | JobStatus::Processing) {
+        return StepGate::Stale;
+    }
+    if let Some(p) = parent {
+        if p.status.is_final() || p.outcome == Some(crate::batch::outcome::STOPPED) {
+            return StepGate::ParentStopped;
+        }
+    }
+    if fanned_out {
+        StepGate::FannedOut
+    } else if JobTransition::Start.allowed_from(status) {
+        StepGate::Start
+    } else {
+        StepGate::Run
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::JobStatus::*;
     use super::*;
+
+    #[test]
+    fn the_step_gate() {
+        let live = ParentView {
+            status: Processing,
+            outcome: None,
+        };
+        let failed_schedule = ParentView {
+            status: Processing,
+            outcome: Some("batch_schedule_failed"),
+        };
+        let stopped = ParentView {
+            status: Processing,
+            outcome: Some("cancel_requested"),
+        };
+        let final_parent = ParentView {
+            status: Failed,
+            outcome: None,
+        };
+        for s in JobStatus::ALL {
+            let open = matches!(s, Pending | Processing);
+            assert_eq!(step_gate(s, false, false, None), StepGate::Stale, "{s}");
+            if !open {
+                assert_eq!(step_gate(s, true, true, Some(stopped)), StepGate::Stale);
+                continue;
+            }
+            let run = if s == Pending {
+                StepGate::Start
+            } else {
+                StepGate::Run
+            };
+            assert_eq!(step_gate(s, true, false, None), run);
+            assert_eq!(step_gate(s, true, false, Some(live)), run);
+            assert_eq!(step_gate(s, true, false, Some(failed_schedule)), run);
+            assert_eq!(step_gate(s, true, true, None), StepGate::FannedOut);
+            for p in [stopped, final_parent] {
+                assert_eq!(step_gate(s, true, false, Some(p)), StepGate::ParentStopped);
+                assert_eq!(step_gate(s, true, true, Some(p)), StepGate::ParentStopped);
+            }
+        }
+    }
 
     #[test]
     fn the_full_job_transition_table() {

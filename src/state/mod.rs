@@ -8,4 +8,4 @@ pub mod job;
 
 pub use action::{sql, ActionStatus, ActionTransition};
 pub use claim::{ClaimStatus, ClaimTransition};
-pub use job::{JobStatus, JobTransition};
+pub use job::{step_gate, JobStatus, JobTransition, ParentView, StepGate};

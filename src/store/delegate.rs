@@ -176,7 +176,7 @@ macro_rules! delegate_store {
                 job_id: i64,
                 step: i32,
                 now: DateTime<Utc>,
-            ) -> Result<Option<Job>> {
+            ) -> Result<$crate::jobs::StepStart> {
                 $around!(self, "start_step", self.inner.start_step(job_id, step, now))
             }
             async fn advance_job(
@@ -390,9 +390,14 @@ macro_rules! delegate_store {
             async fn create_child(
                 &self,
                 child: &ChildSpec,
+                chunk: Lease,
                 now: DateTime<Utc>,
             ) -> Result<ChildOutcome> {
-                $around!(self, "create_child", self.inner.create_child(child, now))
+                $around!(
+                    self,
+                    "create_child",
+                    self.inner.create_child(child, chunk, now)
+                )
             }
             async fn settle_work(
                 &self,

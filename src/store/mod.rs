@@ -18,7 +18,7 @@ use crate::claims::{
 };
 use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
+use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction, StepStart};
 use crate::schedule::{PreparedSchedule, Schedule};
 use crate::search::{
     ActionPage, ActionSearch, ActionSummary, ClaimPage, ClaimSearch, GroupPause, GroupStat,
@@ -207,10 +207,10 @@ pub trait Store: Send + Sync + 'static {
     /// Jobs by filter, newest first.
     async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>>;
 
-    /// A step starts: `pending → processing` (or already `processing`) when the job's
-    /// `step_index` is `step`. Returns the job, or `None` when it is final, waiting, or at
-    /// another step (a stale step action: the caller does nothing).
-    async fn start_step(&self, job_id: i64, step: i32, now: DateTime<Utc>) -> Result<Option<Job>>;
+    /// The step boundary, one transaction locking the job row (a batch child's parent in
+    /// share mode): [`crate::state::step_gate`] on the job's status and step, whether it has a
+    /// batch, and its parent's status and outcome; `pending → processing` on `Start`.
+    async fn start_step(&self, job_id: i64, step: i32, now: DateTime<Utc>) -> Result<StepStart>;
 
     /// In one transaction: compare-and-swap `step_index` from `from_step` to `to_step` (status
     /// must be `processing`), store `input_refs`, and enqueue `step.action(job, to_step, now)`.
@@ -411,17 +411,27 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> Result<Vec<WorkRow>>;
 
-    /// One transaction (B2): insert the child job (`pending`, `parent_id`, `child_index`,
-    /// `step_index`, `input_refs`) unless (parent, idx) exists (then `Adopted`, no other
-    /// write except marking the row completed); hand the sidecar claims to the child
-    /// (`job_id = child` where token in `claim_tokens` and `job_id = parent` and `claimed`);
-    /// mark the row `completed` with `child_id`; bump the parent's `children_total`; enqueue
-    /// the child's step action `step.action(child, step_index, now)`.
-    async fn create_child(&self, child: &ChildSpec, now: DateTime<Utc>) -> Result<ChildOutcome>;
+    /// One transaction (B2), fenced by the chunk run's lease like [`Store::lease_work`].
+    /// Locks the parent. (parent, idx) has a child: `Adopted`, only the row marked completed.
+    /// The parent final or its batch stopped (an outcome), or a claim of `claim_tokens` no
+    /// longer the parent's (token, `job_id`, `claimed`; locked): the row is discarded as by
+    /// [`Store::settle_work`] → `Discarded`. Else: insert the child (`pending`, `parent_id`,
+    /// `child_index`, `step_index`, `input_refs`), hand it the claims with `expires_at = now +
+    /// claim_ttl`, mark the row `completed`, bump `children_total`, enqueue its step action.
+    async fn create_child(
+        &self,
+        child: &ChildSpec,
+        chunk: Lease,
+        now: DateTime<Utc>,
+    ) -> Result<ChildOutcome>;
 
     /// Settles a leased row that did not become a child (B4): back to `ready` with attempts+1,
     /// or `discarded` (error kept) with its sidecar claims released (deleted where token in
-    /// the sidecar, `job_id = parent`, status `claimed`), in one transaction. Fenced like
+    /// the sidecar, `job_id = parent`, status `claimed`), in one transaction. A malformed
+    /// sidecar (not a JSON array of descriptors) names no token: its claims are released by
+    /// job id instead — every claim the parent still holds that the sidecar of no other
+    /// `ready`/`leased` row names (the discarded item's claims, and any the parent's step took
+    /// without handing them to an item). Fenced like
     /// [`Store::lease_work`]: a chunk action that lost its lease gets
     /// [`Error::LeaseLost`](crate::Error::LeaseLost) and changes nothing.
     async fn settle_work(
@@ -439,8 +449,10 @@ pub trait Store: Send + Sync + 'static {
     async fn fence_batch(&self, parent: i64, now: DateTime<Utc>) -> Result<FenceOutcome>;
 
     /// Stops scheduling (B3, B5), one transaction: lock the parent; discard every `ready` row
-    /// and release its sidecar claims; set `batch_outcome` (`batch_schedule_failed` or
-    /// `cancel_requested`; an existing outcome is kept) and the fence; returns the state after.
+    /// as [`Store::settle_work`] does; set `batch_outcome` (`batch_schedule_failed`, or
+    /// `cancel_requested` with `batch_stop_status`/`_reason`; the first is kept) and the fence;
+    /// if that leaves the parent due and not final, enqueue its finalize action (B7: the path
+    /// to final commits with the mark). Returns the state after.
     async fn abort_batch(
         &self,
         parent: i64,

@@ -63,9 +63,10 @@ pub use host::{validate_allowed_host, LOOPBACK_NAMES};
 pub use router::{router, standalone_router, try_router};
 
 /// The schema migration the dashboard's queries need (0005: one index per list order; 0006:
-/// group pauses; 0007: the children's sidecars a batch re-run claims again); `dockhand ui`
-/// refuses to serve an older database rather than scan it or fail page by page.
-pub const SCHEMA_VERSION: i64 = 7;
+/// group pauses; 0007: the children's sidecars a batch re-run claims again; 0008: the stop
+/// status and reason a cancelled or failed batch parent finishes with); `dockhand ui` refuses
+/// to serve an older database rather than scan it or fail page by page.
+pub const SCHEMA_VERSION: i64 = 8;
 
 use crate::clock::{Clock, SystemClock};
 use crate::jobs::api::Jobs;

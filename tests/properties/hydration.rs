@@ -1,7 +1,8 @@
 //! Packet refs and worklist payloads (§5 row 5): random refs and bodies never panic the
 //! hydration code and are accepted only when exact; a worklist row whose payload ref or claim
 //! sidecar is replaced by random text takes the discard path in a real batch — its claim
-//! released, the other rows turned into children, the parent final, `check` clean.
+//! released (by job id when the sidecar is malformed), the other rows turned into children,
+//! the parent final, `check` clean.
 
 use crate::args::json;
 use crate::harness::{Kind, TestDb};
@@ -107,11 +108,14 @@ fn corruption(kind: Kind) -> BoxedStrategy<Corruption> {
     .boxed()
 }
 
+/// `retain_processed = true`: a claim the parent's success completed would stay as a
+/// processed row, so a discarded row whose claim was not released shows (with `false` the
+/// completed claim is deleted and looks released).
 fn plain() -> CompletionConfig {
     CompletionConfig {
         handler: None,
         payload: serde_json::Value::Null,
-        retain_processed: false,
+        retain_processed: true,
     }
 }
 

@@ -93,7 +93,7 @@ async fn an_unmigrated_database_is_refused_before_listening() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(
-        e.contains("migration 0") && e.contains("needs 7") && e.contains("dockhand migrate"),
+        e.contains("migration 0") && e.contains("needs 8") && e.contains("dockhand migrate"),
         "{e}"
     );
 }

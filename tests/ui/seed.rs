@@ -237,14 +237,6 @@ pub async fn batch(f: &Fixture) -> Batch {
         .await
         .expect("lease");
     assert_eq!(rows.len(), 3);
-    let done = f
-        .store
-        .finish(chunk, &Finish::Complete, t0())
-        .await
-        .expect("finish");
-    assert_eq!(done, FinishResult::Applied);
-    let gone = f.store.delete_actions(&[runner.id]).await.expect("delete");
-    assert_eq!(gone.changed, vec![runner.id]);
     let mut children = Vec::new();
     for row in &rows {
         let spec = ChildSpec {
@@ -254,13 +246,27 @@ pub async fn batch(f: &Fixture) -> Batch {
             step_index: 1,
             input_refs: vec![row.payload_ref.clone()],
             claim_tokens: vec![],
+            claim_ttl: Duration::minutes(30),
             step: step(),
         };
-        match f.store.create_child(&spec, t0()).await.expect("child") {
+        match f
+            .store
+            .create_child(&spec, chunk, t0())
+            .await
+            .expect("child")
+        {
             ChildOutcome::Created(id) => children.push(id),
             other => panic!("{other:?}"),
         }
     }
+    let done = f
+        .store
+        .finish(chunk, &Finish::Complete, t0())
+        .await
+        .expect("finish");
+    assert_eq!(done, FinishResult::Applied);
+    let gone = f.store.delete_actions(&[runner.id]).await.expect("delete");
+    assert_eq!(gone.changed, vec![runner.id]);
     finish_job(f, children[0], JobStatus::Completed, "done").await;
     finish_job(f, children[1], JobStatus::Failed, "child broke").await;
     Batch { parent, children }

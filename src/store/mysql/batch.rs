@@ -10,12 +10,15 @@
 //! exactly (`CAST(… AS BINARY)`), never with the trailing-space padding of `=`.
 
 use super::connect::retry_deadlocks;
-use super::fence::{job_status, lock_parent, release_sidecars, Rows, TOKENS_PER_STATEMENT};
+use super::fence::{
+    job_status, lock_parent, release_sidecars, release_unnamed, Rows, TOKENS_PER_STATEMENT,
+};
 use super::jobs::{inserted_id, text};
 use super::{enqueue::enqueue_one, ms, MySqlStore};
 use crate::action::PreparedAction;
 use crate::batch::{
-    chunk_action, chunk_owner, ChildOutcome, ChildSpec, FanOutOutcome, RowSettle, WorkItem, WorkRow,
+    chunk_action, chunk_owner, ChildOutcome, ChildSpec, DiscardCause, FanOutOutcome, RowSettle,
+    WorkItem, WorkRow,
 };
 use crate::claims::Descriptor;
 use crate::error::{Error, Result};
@@ -33,27 +36,68 @@ fn no_row(parent: i64, idx: i32) -> Error {
     Error::invalid("idx", format!("job {parent} has no worklist row {idx}"))
 }
 
-/// Why no child may be created for row `idx`: the parent is missing or final, or the row is
-/// missing or no longer `ready`/`leased`.
-fn refusal(parent: i64, idx: i32, status: Option<&str>, row: Option<&str>) -> Option<Error> {
-    let Some(status) = status else {
-        return Some(Error::NotFound {
+/// Why no child may be created for row `idx`: the parent is missing, or the row is missing or
+/// no longer `ready`/`leased` (an error); or the parent is final or its batch has an outcome
+/// (`Ok(true)`: the row is discarded instead).
+fn refusal(
+    parent: i64,
+    idx: i32,
+    parent_row: Option<&super::fence::ParentRow>,
+    row: Option<&str>,
+) -> Result<bool> {
+    let Some(p) = parent_row else {
+        return Err(Error::NotFound {
             what: "job",
             id: parent,
         });
     };
-    match (job_status(parent, status), row) {
-        (Err(e), _) => Some(e),
-        (Ok(s), _) if s.is_final() => Some(Error::invalid(
-            "job",
-            format!("batch parent {parent} is {s}: no new children"),
-        )),
-        (_, None) => Some(no_row(parent, idx)),
-        (_, Some("ready" | "leased")) => None,
-        (_, Some(state)) => Some(Error::invalid(
+    let status = job_status(parent, &p.status)?;
+    match row {
+        None => Err(no_row(parent, idx)),
+        Some("ready" | "leased") => Ok(status.is_final() || p.batch_outcome.is_some()),
+        Some(state) => Err(Error::invalid(
             "idx",
             format!("worklist row {idx} of job {parent} is {state}"),
         )),
+    }
+}
+
+/// Discards row `idx` of `parent` on the open transaction (attempts + `bump`, `error` kept),
+/// releasing the parent's claims its sidecar names, or — for a malformed sidecar — by job id.
+async fn discard_row(
+    conn: &mut MySqlConnection,
+    parent: i64,
+    idx: i32,
+    (error, bump): (&str, i32),
+    op: &'static str,
+) -> Result<()> {
+    let malformed = release_sidecars(conn, parent, Rows::Idx(idx), op).await?;
+    sqlx::query(
+        "UPDATE dockhand_worklist
+         SET state = 'discarded', attempts = attempts + ?, error = ?, lease_owner = NULL,
+             lease_until = NULL
+         WHERE parent_id = ? AND idx = ?",
+    )
+    .bind(bump)
+    .bind(error)
+    .bind(parent)
+    .bind(idx)
+    .execute(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    if malformed {
+        release_unnamed(conn, parent, op).await?;
+    }
+    Ok(())
+}
+
+/// Pushes `CAST(? AS BINARY), …` for `tokens` (exact token matches).
+fn push_tokens(qb: &mut QueryBuilder<'_, MySql>, tokens: &[&String]) {
+    let mut sep = qb.separated(", ");
+    for t in tokens {
+        sep.push("CAST(")
+            .push_bind_unseparated(t.to_string())
+            .push_unseparated(" AS BINARY)");
     }
 }
 
@@ -308,6 +352,7 @@ pub(super) async fn lease_work(
 pub(super) async fn create_child(
     store: &MySqlStore,
     c: &ChildSpec,
+    chunk: Lease,
     now: DateTime<Utc>,
 ) -> Result<ChildOutcome> {
     let refs = serde_json::to_string(&c.input_refs)
@@ -316,7 +361,7 @@ pub(super) async fn create_child(
     let op = "create_child";
     let (outcome, due) = retry_deadlocks(op, move || async move {
         let mut tx = store.begin(op).await?;
-        match create_child_in(&mut tx, c, refs, now).await? {
+        match create_child_in(&mut tx, c, chunk, refs, now).await? {
             Ok(done) => {
                 tx.commit().await.map_err(Error::db(op))?;
                 Ok(done)
@@ -339,13 +384,17 @@ pub(super) async fn create_child(
 async fn create_child_in(
     conn: &mut MySqlConnection,
     c: &ChildSpec,
+    chunk: Lease,
     refs: &str,
     now: DateTime<Utc>,
 ) -> Result<Result<(ChildOutcome, bool)>> {
     let op = "create_child";
     let (parent, idx) = (c.parent_id, c.idx);
+    if let Err(e) = chunk_fence(conn, chunk, op).await {
+        return Ok(Err(e));
+    }
     // The parent's lock first (see the lock order above); its status decides below.
-    let status = lock_parent(conn, parent, op).await?.map(|p| p.status);
+    let parent_row = lock_parent(conn, parent, op).await?;
     let existing: Option<i64> =
         sqlx::query_scalar("SELECT id FROM dockhand_jobs WHERE parent_id = ? AND child_index = ?")
             .bind(parent)
@@ -368,7 +417,7 @@ async fn create_child_in(
         .map_err(Error::db(op))?;
         return Ok(Ok((ChildOutcome::Adopted(child), false)));
     }
-    // A new child needs a live parent and a row that has not been discarded.
+    // A new child needs a live parent whose batch has no outcome, and a row still to schedule.
     let row = sqlx::query(
         "SELECT state FROM dockhand_worklist WHERE parent_id = ? AND idx = ? FOR UPDATE",
     )
@@ -378,8 +427,50 @@ async fn create_child_in(
     .await
     .map_err(Error::db(op))?;
     let state = row.as_ref().map(|r| text(r, "state")).transpose()?;
-    if let Some(e) = refusal(parent, idx, status.as_deref(), state.as_deref()) {
-        return Ok(Err(e));
+    let stopped = match refusal(parent, idx, parent_row.as_ref(), state.as_deref()) {
+        Ok(stopped) => stopped,
+        Err(e) => return Ok(Err(e)),
+    };
+    // Every claim the child is to take over must still be the parent's; locked, so no
+    // takeover can slip in before the handover commits.
+    let mut tokens: Vec<&String> = c.claim_tokens.iter().collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    let mut held = 0usize;
+    for chunk in tokens.chunks(TOKENS_PER_STATEMENT) {
+        let mut qb: QueryBuilder<MySql> =
+            QueryBuilder::new("SELECT token FROM dockhand_item_claims WHERE job_id = ");
+        qb.push_bind(parent)
+            .push(" AND status = 'claimed' AND CAST(token AS BINARY) IN (");
+        push_tokens(&mut qb, chunk);
+        qb.push(") FOR UPDATE");
+        held += qb
+            .build()
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(Error::db(op))?
+            .len();
+    }
+    let discard = if stopped {
+        Some((
+            DiscardCause::BatchStopped,
+            "batch stopped: no new child".to_string(),
+        ))
+    } else if held < tokens.len() {
+        Some((
+            DiscardCause::ClaimLost,
+            format!(
+                "claim lost: {} of {} claims are no longer held by the parent",
+                tokens.len() - held,
+                tokens.len()
+            ),
+        ))
+    } else {
+        None
+    };
+    if let Some((cause, error)) = discard {
+        discard_row(conn, parent, idx, (&error, 0), op).await?;
+        return Ok(Ok((ChildOutcome::Discarded(cause), false)));
     }
     let done = sqlx::query(
         "INSERT INTO dockhand_jobs
@@ -401,22 +492,19 @@ async fn create_child_in(
     .await
     .map_err(Error::db(op))?;
     let child = inserted_id(done.last_insert_id(), op)?;
-    let mut tokens: Vec<&String> = c.claim_tokens.iter().collect();
-    tokens.sort_unstable();
-    tokens.dedup();
     for chunk in tokens.chunks(TOKENS_PER_STATEMENT) {
         let mut qb: QueryBuilder<MySql> =
             QueryBuilder::new("UPDATE dockhand_item_claims SET job_id = ");
         qb.push_bind(child)
+            .push(", expires_at = ")
+            .push_bind(ms(now))
+            .push(" + COALESCE(ttl_ms, ")
+            .push_bind(c.claim_ttl.num_milliseconds())
+            .push(")")
             .push(" WHERE job_id = ")
             .push_bind(parent)
             .push(" AND status = 'claimed' AND CAST(token AS BINARY) IN (");
-        let mut sep = qb.separated(", ");
-        for t in chunk {
-            sep.push("CAST(")
-                .push_bind_unseparated(t.as_str())
-                .push_unseparated(" AS BINARY)");
-        }
+        push_tokens(&mut qb, chunk);
         qb.push(")");
         qb.build()
             .execute(&mut *conn)
@@ -497,26 +585,7 @@ pub(super) async fn settle_work(
             RowSettle::Retry { error, .. } => (error, 1),
             RowSettle::Discard { reason } => (reason, 0),
         };
-        release_sidecars(
-            &mut tx,
-            parent,
-            Rows::Idx(idx),
-            "settle_work (release claims)",
-        )
-        .await?;
-        sqlx::query(
-            "UPDATE dockhand_worklist
-             SET state = 'discarded', attempts = attempts + ?, error = ?, lease_owner = NULL,
-                 lease_until = NULL
-             WHERE parent_id = ? AND idx = ?",
-        )
-        .bind(bump)
-        .bind(error)
-        .bind(parent)
-        .bind(idx)
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::db(op))?;
+        discard_row(&mut tx, parent, idx, (error, bump), "settle_work (discard)").await?;
         tx.commit().await.map_err(Error::db(op))?;
         Ok(())
     })

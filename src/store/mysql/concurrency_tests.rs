@@ -166,7 +166,12 @@ async fn parent_with_worklist(store: &MySqlStore, n: usize) -> i64 {
         idempotency_key: None,
     };
     let parent = store.create_job(&job, t0()).await.unwrap();
-    assert!(store.start_step(parent, 0, t0()).await.unwrap().is_some());
+    assert!(store
+        .start_step(parent, 0, t0())
+        .await
+        .unwrap()
+        .job()
+        .is_some());
     let items: Vec<WorkItem> = (0..n)
         .map(|i| WorkItem {
             payload_ref: format!("v1:{i:064x}"),
@@ -186,6 +191,7 @@ fn child(parent: i64, idx: i32) -> ChildSpec {
         step_index: 1,
         input_refs: vec![format!("v1:{idx:064x}")],
         claim_tokens: Vec::new(),
+        claim_ttl: Duration::minutes(30),
         step: step(),
     }
 }
@@ -197,11 +203,12 @@ async fn concurrent_children_are_created_once_and_finish_with_one_finalize() {
     };
     let n = 20;
     let parent = parent_with_worklist(&store, n).await;
+    let run = running_lease(&*store, "w", t0()).await;
     // Sixteen deliveries of row 0 at once: one child.
     let tasks: Vec<_> = (0..16)
         .map(|_| {
             let store = store.clone();
-            tokio::spawn(async move { store.create_child(&child(parent, 0), t0()).await })
+            tokio::spawn(async move { store.create_child(&child(parent, 0), run, t0()).await })
         })
         .collect();
     let mut ids = HashSet::new();
@@ -215,6 +222,7 @@ async fn concurrent_children_are_created_once_and_finish_with_one_finalize() {
             ChildOutcome::Adopted(id) => {
                 ids.insert(id);
             }
+            other => panic!("unexpected {other:?}"),
         }
     }
     assert_eq!((created, ids.len()), (1, 1));
@@ -223,7 +231,7 @@ async fn concurrent_children_are_created_once_and_finish_with_one_finalize() {
         .map(|idx| {
             let store = store.clone();
             let idx = i32::try_from(idx).unwrap();
-            tokio::spawn(async move { store.create_child(&child(parent, idx), t0()).await })
+            tokio::spawn(async move { store.create_child(&child(parent, idx), run, t0()).await })
         })
         .collect();
     let mut children: Vec<i64> = ids.into_iter().collect();

@@ -6,15 +6,16 @@
 //!
 //! Lock order in every batch transaction: the parent job row (`FOR UPDATE`), then worklist rows,
 //! then item claims. Sidecar tokens are read from the locked rows' sidecar JSON in Rust: a
-//! sidecar that is not a JSON array names no token, so its claims stay with the parent until
-//! the parent's terminal bridge settles them.
+//! malformed sidecar (not a JSON array of descriptors) names no token, so discarding its row
+//! releases by job id instead ([`release_unnamed`]).
 
 use super::batch::enqueue_due;
 use super::connect::retry_deadlocks;
 use super::jobs::{job_from_row, opt_text, text, JOB_COLUMNS};
 use super::MySqlStore;
 use crate::batch::{
-    decode_sidecar_text, finalize_action, BatchAbort, BatchState, FailedChild, FenceOutcome,
+    decode_sidecar_text, finalize_action, outcome, sidecar_text_is_malformed, BatchAbort,
+    BatchState, FailedChild, FenceOutcome,
 };
 use crate::error::{Error, Result};
 use crate::state::JobStatus;
@@ -45,6 +46,8 @@ pub(super) struct ParentRow {
     pub status: String,
     /// `scheduling`, `fenced`, or `None` when the job is not a batch parent.
     pub batch_state: Option<String>,
+    /// Why it stopped scheduling, if it did.
+    pub batch_outcome: Option<String>,
     /// Children created.
     pub children_total: i64,
     /// Children final.
@@ -58,7 +61,7 @@ pub(super) async fn lock_parent(
     op: &'static str,
 ) -> Result<Option<ParentRow>> {
     let row = sqlx::query(
-        "SELECT status, batch_state, children_total, children_terminal
+        "SELECT status, batch_state, batch_outcome, children_total, children_terminal
          FROM dockhand_jobs WHERE id = ? FOR UPDATE",
     )
     .bind(parent)
@@ -70,6 +73,7 @@ pub(super) async fn lock_parent(
     Ok(Some(ParentRow {
         status: text(&row, "status")?,
         batch_state: opt_text(&row, "batch_state")?,
+        batch_outcome: opt_text(&row, "batch_outcome")?,
         children_total: row.try_get::<i64, _>("children_total").map_err(d())?,
         children_terminal: row.try_get::<i64, _>("children_terminal").map_err(d())?,
     }))
@@ -113,13 +117,14 @@ pub(super) enum Rows {
 }
 
 /// Deletes the claims parent `parent` still holds whose tokens are in the sidecars of the
-/// chosen worklist rows (locking those rows first).
+/// chosen worklist rows (locking those rows first). Returns whether one of those sidecars is
+/// malformed (its claims are then to be released by [`release_unnamed`]).
 pub(super) async fn release_sidecars(
     conn: &mut MySqlConnection,
     parent: i64,
     rows: Rows,
     op: &'static str,
-) -> Result<()> {
+) -> Result<bool> {
     let found: Vec<MySqlRow> = match rows {
         Rows::Idx(idx) => sqlx::query(
             "SELECT sidecar FROM dockhand_worklist WHERE parent_id = ? AND idx = ? FOR UPDATE",
@@ -136,9 +141,23 @@ pub(super) async fn release_sidecars(
     .await
     .map_err(Error::db(op))?;
     let mut tokens = Vec::new();
+    let mut malformed = false;
     for row in &found {
-        sidecar_tokens(&text(row, "sidecar")?, &mut tokens);
+        let sidecar = text(row, "sidecar")?;
+        malformed |= sidecar_text_is_malformed(&sidecar);
+        sidecar_tokens(&sidecar, &mut tokens);
     }
+    delete_claims(conn, parent, tokens, op).await?;
+    Ok(malformed)
+}
+
+/// Deletes the claims `parent` still holds (`claimed`) among `tokens`.
+async fn delete_claims(
+    conn: &mut MySqlConnection,
+    parent: i64,
+    mut tokens: Vec<String>,
+    op: &'static str,
+) -> Result<()> {
     tokens.sort_unstable();
     tokens.dedup();
     for chunk in tokens.chunks(TOKENS_PER_STATEMENT) {
@@ -159,6 +178,45 @@ pub(super) async fn release_sidecars(
             .map_err(Error::db(op))?;
     }
     Ok(())
+}
+
+/// Deletes the claims `parent` still holds that the sidecar of no `ready`/`leased` row of its
+/// worklist names: how a row with a malformed sidecar is released (by job id; see
+/// [`crate::Store::settle_work`]). Run after the row left `ready`/`leased`.
+pub(super) async fn release_unnamed(
+    conn: &mut MySqlConnection,
+    parent: i64,
+    op: &'static str,
+) -> Result<()> {
+    let live: Vec<MySqlRow> = sqlx::query(
+        "SELECT sidecar FROM dockhand_worklist
+         WHERE parent_id = ? AND state IN ('ready', 'leased') FOR UPDATE",
+    )
+    .bind(parent)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    let mut named = Vec::new();
+    for row in &live {
+        sidecar_tokens(&text(row, "sidecar")?, &mut named);
+    }
+    let named: std::collections::HashSet<String> = named.into_iter().collect();
+    let held: Vec<MySqlRow> = sqlx::query(
+        "SELECT token FROM dockhand_item_claims
+         WHERE job_id = ? AND status = 'claimed' AND token IS NOT NULL FOR UPDATE",
+    )
+    .bind(parent)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    let mut unnamed = Vec::new();
+    for row in &held {
+        let token = text(row, "token")?;
+        if !named.contains(&token) {
+            unnamed.push(token);
+        }
+    }
+    delete_claims(conn, parent, unnamed, op).await
 }
 
 pub(super) async fn fence_batch(
@@ -218,20 +276,39 @@ pub(super) async fn fence_batch(
 pub(super) async fn abort_batch(
     store: &MySqlStore,
     parent: i64,
-    why: BatchAbort,
+    why: &BatchAbort,
+    now: DateTime<Utc>,
 ) -> Result<BatchState> {
-    let (row_error, outcome) = match why {
-        BatchAbort::ScheduleFailed => ("batch_schedule_failed", "batch_schedule_failed"),
-        BatchAbort::Cancel => ("cancelled", "cancel_requested"),
+    let (row_error, outcome, stop_status, stop_reason) = match why {
+        BatchAbort::ScheduleFailed => (
+            "batch_schedule_failed",
+            outcome::SCHEDULE_FAILED,
+            None,
+            None,
+        ),
+        BatchAbort::Stop { status, reason } => (
+            if *status == JobStatus::Failed {
+                "failed"
+            } else {
+                "cancelled"
+            },
+            outcome::STOPPED,
+            Some(status.as_str()),
+            Some(reason.as_str()),
+        ),
     };
     let op = "abort_batch";
-    retry_deadlocks(op, move || async move {
+    let (state, due) = retry_deadlocks(op, move || async move {
         let mut tx = store.begin(op).await?;
-        if let Err(e) = batch_parent(&mut tx, parent, op).await? {
-            tx.rollback().await.map_err(Error::db(op))?;
-            return Err(e);
-        }
-        release_sidecars(&mut tx, parent, Rows::Ready, "abort_batch (release claims)").await?;
+        let p = match batch_parent(&mut tx, parent, op).await? {
+            Ok(p) => p,
+            Err(e) => {
+                tx.rollback().await.map_err(Error::db(op))?;
+                return Err(e);
+            }
+        };
+        let malformed =
+            release_sidecars(&mut tx, parent, Rows::Ready, "abort_batch (release claims)").await?;
         sqlx::query(
             "UPDATE dockhand_worklist
              SET state = 'discarded', error = ?, lease_owner = NULL, lease_until = NULL
@@ -242,28 +319,49 @@ pub(super) async fn abort_batch(
         .execute(&mut *tx)
         .await
         .map_err(Error::db(op))?;
+        if malformed {
+            release_unnamed(&mut tx, parent, "abort_batch (release claims)").await?;
+        }
+        // The first stop wins: its outcome, status and reason are kept.
         sqlx::query(
             "UPDATE dockhand_jobs
-             SET batch_outcome = COALESCE(batch_outcome, ?), batch_state = 'fenced'
-             WHERE id = ?",
+             SET batch_outcome = ?, batch_stop_status = ?, batch_stop_reason = ?
+             WHERE id = ? AND batch_outcome IS NULL",
         )
         .bind(outcome)
+        .bind(stop_status)
+        .bind(stop_reason)
         .bind(parent)
         .execute(&mut *tx)
         .await
         .map_err(Error::db(op))?;
+        sqlx::query("UPDATE dockhand_jobs SET batch_state = 'fenced' WHERE id = ?")
+            .bind(parent)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
         let state = read_state(&mut tx, parent).await?.unwrap_or_default();
+        // Due now (no active child, no leased row): the finalize action is the durable path
+        // to final, committed with the mark (B7); the caller may finish the parent at once.
+        let due = !job_status(parent, &p.status)?.is_final()
+            && state.decision().is_some()
+            && enqueue_due(&mut tx, &finalize_action(parent, now), now).await?;
         tx.commit().await.map_err(Error::db(op))?;
-        Ok(state)
+        Ok((state, due))
     })
-    .await
+    .await?;
+    if due {
+        store.wake.notify();
+    }
+    Ok(state)
 }
 
 /// The parent's batch fields and worklist counts in one statement (one snapshot); `None` when
 /// the job is missing or not a batch parent.
 async fn read_state(conn: &mut MySqlConnection, parent: i64) -> Result<Option<BatchState>> {
     let row = sqlx::query(
-        "SELECT j.status, j.batch_state, j.batch_outcome, j.chunk_size, j.child_step,
+        "SELECT j.status, j.batch_state, j.batch_outcome, j.batch_stop_status,
+            j.batch_stop_reason, j.chunk_size, j.child_step,
             j.items_total, j.children_total, j.children_terminal, j.children_completed,
             j.children_failed, j.children_skipped,
             CAST(COALESCE(w.ready, 0) AS SIGNED) AS ready,
@@ -296,6 +394,10 @@ async fn read_state(conn: &mut MySqlConnection, parent: i64) -> Result<Option<Ba
         status: Some(job_status(parent, &status)?),
         fenced: batch == "fenced",
         outcome: opt_text(&row, "batch_outcome")?,
+        stop_status: opt_text(&row, "batch_stop_status")?
+            .map(|s| job_status(parent, &s))
+            .transpose()?,
+        stop_reason: opt_text(&row, "batch_stop_reason")?,
         chunk_size: opt_int("chunk_size")?,
         child_step: opt_int("child_step")?,
         items_total: int("items_total")?,

@@ -17,8 +17,8 @@ use super::{enqueue::enqueue_one, from_ms, ms, MySqlStore};
 use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction};
-use crate::state::JobStatus;
+use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction, StepStart};
+use crate::state::{step_gate, JobStatus, ParentView, StepGate};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::mysql::MySqlRow;
@@ -263,18 +263,49 @@ pub(super) async fn start_step(
     job_id: i64,
     step: i32,
     now: DateTime<Utc>,
-) -> Result<Option<Job>> {
+) -> Result<StepStart> {
     let op = "start_step";
     retry_deadlocks(op, move || async move {
         let mut tx = store.begin(op).await?;
         let Some(mut job) = read_job(&mut tx, job_id, true).await? else {
             tx.rollback().await.map_err(Error::db(op))?;
-            return Ok(None);
+            return Ok(StepStart::Stale);
         };
-        let result = match job.status {
-            _ if job.step_index != step => None,
-            JobStatus::Processing => Some(job),
-            JobStatus::Pending => {
+        // The job's batch and its parent's stop, the parent in share mode: an operator's stop
+        // (which locks it for update) and this start are ordered, so a child either started
+        // before the stop committed or sees it.
+        let row = sqlx::query(
+            "SELECT CAST(j.batch_state IS NOT NULL AS SIGNED) AS fanned_out,
+                    p.status AS parent_status, p.batch_outcome AS parent_outcome
+             FROM dockhand_jobs j LEFT JOIN dockhand_jobs p ON p.id = j.parent_id
+             WHERE j.id = ? LOCK IN SHARE MODE",
+        )
+        .bind(job_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+        let fanned_out: i64 = row.try_get("fanned_out").map_err(Error::db(op))?;
+        let parent = match (job.parent_id, opt_text(&row, "parent_status")?) {
+            (Some(p), Some(status)) => {
+                let status = status.parse::<JobStatus>().map_err(|e| Error::Corrupt {
+                    what: "job",
+                    id: p,
+                    message: e.to_string(),
+                })?;
+                Some((status, opt_text(&row, "parent_outcome")?))
+            }
+            _ => None,
+        };
+        let view = parent.as_ref().map(|(status, outcome)| ParentView {
+            status: *status,
+            outcome: outcome.as_deref(),
+        });
+        let result = match step_gate(job.status, job.step_index == step, fanned_out != 0, view) {
+            StepGate::Stale => StepStart::Stale,
+            StepGate::ParentStopped => StepStart::ParentStopped(job),
+            StepGate::FannedOut => StepStart::FannedOut(job),
+            StepGate::Run => StepStart::Run(job),
+            StepGate::Start => {
                 let done = sqlx::query(
                     "UPDATE dockhand_jobs SET status = 'processing', updated_at = ?
                      WHERE id = ? AND step_index = ? AND status = 'pending'",
@@ -285,13 +316,14 @@ pub(super) async fn start_step(
                 .execute(&mut *tx)
                 .await
                 .map_err(Error::db(op))?;
-                (done.rows_affected() == 1).then(|| {
+                if done.rows_affected() == 1 {
                     job.status = JobStatus::Processing;
                     job.updated_at = crate::clock::to_millis(now);
-                    job
-                })
+                    StepStart::Run(job)
+                } else {
+                    StepStart::Stale
+                }
             }
-            _ => None,
         };
         tx.commit().await.map_err(Error::db(op))?;
         Ok(result)

@@ -252,7 +252,12 @@ impl Store for MySqlStore {
         jobs::list_jobs(self, filter).await
     }
 
-    async fn start_step(&self, job_id: i64, step: i32, now: DateTime<Utc>) -> Result<Option<Job>> {
+    async fn start_step(
+        &self,
+        job_id: i64,
+        step: i32,
+        now: DateTime<Utc>,
+    ) -> Result<crate::jobs::StepStart> {
         jobs::start_step(self, job_id, step, now).await
     }
 
@@ -403,8 +408,13 @@ impl Store for MySqlStore {
         batch::lease_work(self, parent, limit, chunk, lease_until, now).await
     }
 
-    async fn create_child(&self, child: &ChildSpec, now: DateTime<Utc>) -> Result<ChildOutcome> {
-        batch::create_child(self, child, now).await
+    async fn create_child(
+        &self,
+        child: &ChildSpec,
+        chunk: Lease,
+        now: DateTime<Utc>,
+    ) -> Result<ChildOutcome> {
+        batch::create_child(self, child, chunk, now).await
     }
 
     async fn settle_work(
@@ -426,9 +436,9 @@ impl Store for MySqlStore {
         &self,
         parent: i64,
         why: BatchAbort,
-        _now: DateTime<Utc>,
+        now: DateTime<Utc>,
     ) -> Result<BatchState> {
-        fence::abort_batch(self, parent, why).await
+        fence::abort_batch(self, parent, &why, now).await
     }
 
     async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {

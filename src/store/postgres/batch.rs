@@ -7,7 +7,8 @@
 //! counters; it never touches the parent's worklist or claims, so no cycle forms). Leases pick
 //! rows with `FOR UPDATE SKIP LOCKED`, so concurrent chunk deliveries get disjoint rows.
 //! Discarding rows and releasing their sidecar claims is one statement (a data-modifying CTE),
-//! so the two never drift apart.
+//! so the two never drift apart; a malformed sidecar (not an array of descriptors) names no
+//! token, so its row's claims are released by job id ([`RELEASE_UNNAMED`]).
 
 mod end;
 
@@ -17,7 +18,8 @@ pub(super) use end::{
 
 use super::{enqueue::enqueue_one, ts, PgStore};
 use crate::batch::{
-    chunk_action, chunk_owner, ChildOutcome, ChildSpec, FanOutOutcome, WorkItem, WorkRow,
+    chunk_action, chunk_owner, sidecar_is_malformed, ChildOutcome, ChildSpec, DiscardCause,
+    FanOutOutcome, WorkItem, WorkRow,
 };
 use crate::claims::Descriptor;
 use crate::error::{Error, Result};
@@ -37,7 +39,52 @@ const RELEASE_SIDECARS: &str = " DELETE FROM dockhand_item_claims
     SELECT e ->> 'token' FROM d, jsonb_array_elements(
         CASE WHEN jsonb_typeof(d.sidecar) = 'array' THEN d.sidecar ELSE '[]'::jsonb END) AS e)";
 
-fn parse_status(id: i64, s: &str) -> Result<JobStatus> {
+/// Deletes the claims parent `$1` still holds that the sidecar of no `ready`/`leased` row of
+/// its worklist names: how a row with a malformed sidecar is released (by job id; see
+/// [`crate::Store::settle_work`]). Run after the row left `ready`/`leased`.
+pub(super) const RELEASE_UNNAMED: &str = "DELETE FROM dockhand_item_claims
+ WHERE job_id = $1 AND status = 'claimed' AND token NOT IN (
+    SELECT e ->> 'token' FROM dockhand_worklist w, jsonb_array_elements(
+        CASE WHEN jsonb_typeof(w.sidecar) = 'array' THEN w.sidecar ELSE '[]'::jsonb END) AS e
+    WHERE w.parent_id = $1 AND w.state IN ('ready', 'leased') AND e ->> 'token' IS NOT NULL)";
+
+/// Discards row `idx` of `parent` (attempts + `bump`, `error` kept) and releases the parent's
+/// claims its sidecar names, or — for a malformed sidecar — by job id.
+pub(super) async fn discard_row(
+    conn: &mut PgConnection,
+    parent: i64,
+    idx: i32,
+    (error, bump): (&str, i32),
+    op: &'static str,
+) -> Result<()> {
+    let sidecar: Option<Json<Value>> = sqlx::query_scalar(&format!(
+        "WITH d AS (
+            UPDATE dockhand_worklist
+            SET state = 'discarded', attempts = attempts + $3, error = $4,
+                lease_owner = NULL, lease_until = NULL
+            WHERE parent_id = $1 AND idx = $2
+            RETURNING sidecar),
+         r AS ({RELEASE_SIDECARS} RETURNING 1)
+         SELECT sidecar FROM d"
+    ))
+    .bind(parent)
+    .bind(idx)
+    .bind(bump)
+    .bind(error)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    if sidecar.is_some_and(|Json(v)| sidecar_is_malformed(&v)) {
+        sqlx::query(RELEASE_UNNAMED)
+            .bind(parent)
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(op))?;
+    }
+    Ok(())
+}
+
+pub(super) fn parse_status(id: i64, s: &str) -> Result<JobStatus> {
     s.parse::<JobStatus>().map_err(|e| Error::Corrupt {
         what: "job",
         id,
@@ -263,14 +310,19 @@ fn work_row(row: &PgRow) -> Result<WorkRow> {
 pub(super) async fn create_child(
     store: &PgStore,
     c: &ChildSpec,
+    chunk: Lease,
     now: DateTime<Utc>,
 ) -> Result<ChildOutcome> {
     let op = "create_child";
     let (parent, idx) = (c.parent_id, c.idx);
+    let mut tokens = c.claim_tokens.clone();
+    tokens.sort_unstable();
+    tokens.dedup();
     let mut tx = store.begin(op).await?;
+    chunk_fence(&mut tx, chunk, op).await?;
     // The parent's lock first (see the lock order above); its status decides below.
-    let status: Option<String> =
-        sqlx::query_scalar("SELECT status FROM dockhand_jobs WHERE id = $1 FOR UPDATE")
+    let parent_row: Option<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, batch_outcome FROM dockhand_jobs WHERE id = $1 FOR UPDATE")
             .bind(parent)
             .fetch_optional(&mut *tx)
             .await
@@ -286,7 +338,7 @@ pub(super) async fn create_child(
     if let Some(child) = existing {
         return adopt(tx, c, child).await;
     }
-    // A new child needs a live parent and a row that is still ready or leased.
+    // A new child needs a live parent whose batch has no outcome, and a row still to schedule.
     let state: Option<String> = sqlx::query_scalar(
         "SELECT state FROM dockhand_worklist WHERE parent_id = $1 AND idx = $2 FOR UPDATE",
     )
@@ -295,9 +347,46 @@ pub(super) async fn create_child(
     .fetch_optional(&mut *tx)
     .await
     .map_err(Error::db(op))?;
-    if let Some(e) = refusal(parent, idx, status.as_deref(), state.as_deref()) {
-        tx.rollback().await.map_err(Error::db(op))?;
-        return Err(e);
+    let stopped = match refusal(parent, idx, parent_row.as_ref(), state.as_deref()) {
+        Ok(stopped) => stopped,
+        Err(e) => {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Err(e);
+        }
+    };
+    // Every claim the child is to take over must still be the parent's; locked, so no
+    // takeover can slip in before the handover commits.
+    let held: Vec<String> = sqlx::query_scalar(
+        "SELECT token FROM dockhand_item_claims
+         WHERE job_id = $1 AND status = 'claimed' AND token = ANY($2)
+         FOR UPDATE",
+    )
+    .bind(parent)
+    .bind(&tokens)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    let discard = if stopped {
+        Some((
+            DiscardCause::BatchStopped,
+            "batch stopped: no new child".to_string(),
+        ))
+    } else if held.len() < tokens.len() {
+        Some((
+            DiscardCause::ClaimLost,
+            format!(
+                "claim lost: {} of {} claims are no longer held by the parent",
+                tokens.len() - held.len(),
+                tokens.len()
+            ),
+        ))
+    } else {
+        None
+    };
+    if let Some((cause, error)) = discard {
+        discard_row(&mut tx, parent, idx, (&error, 0), op).await?;
+        tx.commit().await.map_err(Error::db(op))?;
+        return Ok(ChildOutcome::Discarded(cause));
     }
     let inserted: Option<i64> = sqlx::query_scalar(
         "INSERT INTO dockhand_jobs
@@ -331,12 +420,15 @@ pub(super) async fn create_child(
     };
     complete_row(&mut tx, c, child).await?;
     sqlx::query(
-        "UPDATE dockhand_item_claims SET job_id = $2
+        "UPDATE dockhand_item_claims
+         SET job_id = $2, expires_at = $4 + COALESCE(ttl_ms, $5) * INTERVAL '1 millisecond'
          WHERE job_id = $1 AND status = 'claimed' AND token = ANY($3)",
     )
     .bind(parent)
     .bind(child)
-    .bind(&c.claim_tokens)
+    .bind(&tokens)
+    .bind(ts(now))
+    .bind(c.claim_ttl.num_milliseconds())
     .execute(&mut *tx)
     .await
     .map_err(Error::db("create_child (claims)"))?;
@@ -363,24 +455,26 @@ async fn adopt(
     Ok(ChildOutcome::Adopted(child))
 }
 
-/// Why no child may be created for row `idx`: the parent is missing or final, or the row is
-/// missing or no longer `ready`/`leased`.
-fn refusal(parent: i64, idx: i32, status: Option<&str>, row: Option<&str>) -> Option<Error> {
-    let Some(status) = status else {
-        return Some(Error::NotFound {
+/// Why no child may be created for row `idx`: the parent is missing, or the row is missing or
+/// no longer `ready`/`leased` (an error); or the parent is final or its batch has an outcome
+/// (`Ok(true)`: the row is discarded instead).
+fn refusal(
+    parent: i64,
+    idx: i32,
+    parent_row: Option<&(String, Option<String>)>,
+    row: Option<&str>,
+) -> Result<bool> {
+    let Some((status, outcome)) = parent_row else {
+        return Err(Error::NotFound {
             what: "job",
             id: parent,
         });
     };
-    match (parse_status(parent, status), row) {
-        (Err(e), _) => Some(e),
-        (Ok(s), _) if s.is_final() => Some(Error::invalid(
-            "job",
-            format!("batch parent {parent} is {s}: no new children"),
-        )),
-        (_, None) => Some(no_row(parent, idx)),
-        (_, Some("ready" | "leased")) => None,
-        (_, Some(state)) => Some(Error::invalid(
+    let status = parse_status(parent, status)?;
+    match row {
+        None => Err(no_row(parent, idx)),
+        Some("ready" | "leased") => Ok(status.is_final() || outcome.is_some()),
+        Some(state) => Err(Error::invalid(
             "idx",
             format!("worklist row {idx} of job {parent} is {state}"),
         )),

@@ -9,8 +9,8 @@ use super::{enqueue::enqueue_one, ts, PgStore};
 use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction};
-use crate::state::JobStatus;
+use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction, StepStart};
+use crate::state::{step_gate, JobStatus, ParentView, StepGate};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -176,18 +176,47 @@ pub(super) async fn start_step(
     job_id: i64,
     step: i32,
     now: DateTime<Utc>,
-) -> Result<Option<Job>> {
-    let mut tx = store.begin("start_step").await?;
+) -> Result<StepStart> {
+    let op = "start_step";
+    let mut tx = store.begin(op).await?;
     let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM dockhand_jobs WHERE id = $1 FOR UPDATE"
+        "SELECT {COLUMNS}, batch_state IS NOT NULL AS fanned_out
+         FROM dockhand_jobs WHERE id = $1 FOR UPDATE"
     ))
     .bind(job_id)
     .fetch_optional(&mut *tx)
     .await
-    .map_err(Error::db("start_step"))?;
-    let job = row.as_ref().map(job_from_row).transpose()?;
-    let started = match job {
-        Some(job) if job.step_index == step && job.status == JobStatus::Pending => {
+    .map_err(Error::db(op))?;
+    let Some(row) = row else {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Ok(StepStart::Stale);
+    };
+    let job = job_from_row(&row)?;
+    let fanned_out: bool = row.try_get("fanned_out").map_err(Error::db(op))?;
+    // The parent in share mode: an operator's stop (which locks it for update) and this start
+    // are ordered, so a child either started before the stop committed or sees it.
+    let parent = match job.parent_id {
+        Some(p) => sqlx::query_as::<_, (String, Option<String>)>(
+            "SELECT status, batch_outcome FROM dockhand_jobs WHERE id = $1 FOR SHARE",
+        )
+        .bind(p)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(Error::db(op))?
+        .map(|(s, o)| Ok::<_, Error>((super::batch::parse_status(p, &s)?, o)))
+        .transpose()?,
+        None => None,
+    };
+    let view = parent.as_ref().map(|(status, outcome)| ParentView {
+        status: *status,
+        outcome: outcome.as_deref(),
+    });
+    let started = match step_gate(job.status, job.step_index == step, fanned_out, view) {
+        StepGate::Stale => StepStart::Stale,
+        StepGate::ParentStopped => StepStart::ParentStopped(job),
+        StepGate::FannedOut => StepStart::FannedOut(job),
+        StepGate::Run => StepStart::Run(job),
+        StepGate::Start => {
             let row = sqlx::query(&format!(
                 "UPDATE dockhand_jobs SET status = 'processing', updated_at = $2
                  WHERE id = $1 RETURNING {COLUMNS}"
@@ -196,13 +225,11 @@ pub(super) async fn start_step(
             .bind(ts(now))
             .fetch_one(&mut *tx)
             .await
-            .map_err(Error::db("start_step"))?;
-            Some(job_from_row(&row)?)
+            .map_err(Error::db(op))?;
+            StepStart::Run(job_from_row(&row)?)
         }
-        Some(job) if job.step_index == step && job.status == JobStatus::Processing => Some(job),
-        _ => None,
     };
-    tx.commit().await.map_err(Error::db("start_step"))?;
+    tx.commit().await.map_err(Error::db(op))?;
     Ok(started)
 }
 

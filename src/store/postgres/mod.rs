@@ -273,7 +273,12 @@ impl Store for PgStore {
         jobs::list_jobs(self, filter).await
     }
 
-    async fn start_step(&self, job_id: i64, step: i32, now: DateTime<Utc>) -> Result<Option<Job>> {
+    async fn start_step(
+        &self,
+        job_id: i64,
+        step: i32,
+        now: DateTime<Utc>,
+    ) -> Result<crate::jobs::StepStart> {
         jobs::start_step(self, job_id, step, now).await
     }
 
@@ -433,8 +438,13 @@ impl Store for PgStore {
         batch::lease_work(self, parent, limit, chunk, lease_until, now).await
     }
 
-    async fn create_child(&self, child: &ChildSpec, now: DateTime<Utc>) -> Result<ChildOutcome> {
-        batch::create_child(self, child, now).await
+    async fn create_child(
+        &self,
+        child: &ChildSpec,
+        chunk: Lease,
+        now: DateTime<Utc>,
+    ) -> Result<ChildOutcome> {
+        batch::create_child(self, child, chunk, now).await
     }
 
     async fn settle_work(
@@ -458,7 +468,7 @@ impl Store for PgStore {
         why: BatchAbort,
         now: DateTime<Utc>,
     ) -> Result<BatchState> {
-        batch::abort_batch(self, parent, why, now).await
+        batch::abort_batch(self, parent, &why, now).await
     }
 
     async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {

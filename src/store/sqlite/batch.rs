@@ -4,15 +4,16 @@
 //!
 //! Every write is one `BEGIN IMMEDIATE` transaction (the single writer is the parent's lock);
 //! actions are enqueued with [`enqueue_one`] inside it and runners are woken after the commit.
-//! Sidecar claims are released by token, read from the rows' sidecar JSON in SQL: a sidecar
-//! that is not valid JSON names no token, so its claims stay with the parent until the
-//! parent's terminal bridge settles them.
+//! Sidecar claims are released by token, read from the rows' sidecar JSON in SQL; a malformed
+//! sidecar (see [`crate::batch::sidecar_text_is_malformed`]) names no token, so discarding its
+//! row releases by job id instead ([`super::fence::RELEASE_UNNAMED`]).
 
-use super::fence::{job_status, release_sql};
+use super::fence::{job_status, release_sql, RELEASE_UNNAMED};
 use super::{enqueue::enqueue_one, ms, SqliteStore};
 use crate::action::PreparedAction;
 use crate::batch::{
-    chunk_action, chunk_owner, ChildOutcome, ChildSpec, FanOutOutcome, RowSettle, WorkItem, WorkRow,
+    chunk_action, chunk_owner, sidecar_text_is_malformed, ChildOutcome, ChildSpec, DiscardCause,
+    FanOutOutcome, RowSettle, WorkItem, WorkRow,
 };
 use crate::claims::Descriptor;
 use crate::error::{Error, Result};
@@ -55,28 +56,72 @@ fn no_row(parent: i64, idx: i32) -> Error {
     Error::invalid("idx", format!("job {parent} has no worklist row {idx}"))
 }
 
-/// Why no child may be created for row `idx`: the parent is missing or final, or the row is
-/// missing or no longer `ready`/`leased`.
-fn refusal(parent: i64, idx: i32, status: Option<&str>, row: Option<&str>) -> Option<Error> {
+/// Why no child may be created for row `idx`: the parent is missing, or the row is missing or
+/// no longer `ready`/`leased` (an error); or the parent is final or its batch has an outcome
+/// (`Ok(true)`: the row is discarded instead).
+fn refusal(
+    parent: i64,
+    idx: i32,
+    status: Option<&str>,
+    outcome: Option<&str>,
+    row: Option<&str>,
+) -> Result<bool> {
     let Some(status) = status else {
-        return Some(Error::NotFound {
+        return Err(Error::NotFound {
             what: "job",
             id: parent,
         });
     };
-    match (job_status(parent, status), row) {
-        (Err(e), _) => Some(e),
-        (Ok(s), _) if s.is_final() => Some(Error::invalid(
-            "job",
-            format!("batch parent {parent} is {s}: no new children"),
-        )),
-        (_, None) => Some(no_row(parent, idx)),
-        (_, Some("ready" | "leased")) => None,
-        (_, Some(state)) => Some(Error::invalid(
+    let status = job_status(parent, status)?;
+    match row {
+        None => Err(no_row(parent, idx)),
+        Some("ready" | "leased") => Ok(status.is_final() || outcome.is_some()),
+        Some(state) => Err(Error::invalid(
             "idx",
             format!("worklist row {idx} of job {parent} is {state}"),
         )),
     }
+}
+
+/// Discards row `idx` of `parent` on the open transaction with `error`, releasing the parent's
+/// claims among its sidecar's tokens (by job id when `malformed`, see
+/// [`crate::Store::settle_work`]); `bump` is added to its attempts.
+async fn discard_row(
+    conn: &mut SqliteConnection,
+    parent: i64,
+    idx: i32,
+    error: &str,
+    bump: i32,
+    malformed: bool,
+    op: &'static str,
+) -> Result<()> {
+    sqlx::query(&release_sql("w.idx = ?2"))
+        .bind(parent)
+        .bind(idx)
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::db(op))?;
+    sqlx::query(
+        "UPDATE dockhand_worklist
+         SET state = 'discarded', attempts = attempts + ?, error = ?, lease_owner = NULL,
+             lease_until = NULL
+         WHERE parent_id = ? AND idx = ?",
+    )
+    .bind(bump)
+    .bind(error)
+    .bind(parent)
+    .bind(idx)
+    .execute(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    if malformed {
+        sqlx::query(RELEASE_UNNAMED)
+            .bind(parent)
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(op))?;
+    }
+    Ok(())
 }
 
 /// Enqueues `action` on the open transaction; true when it is due now.
@@ -244,15 +289,25 @@ pub(super) async fn lease_work(
 pub(super) async fn create_child(
     store: &SqliteStore,
     c: &ChildSpec,
+    chunk: Lease,
     now: DateTime<Utc>,
 ) -> Result<ChildOutcome> {
     let refs = serde_json::to_string(&c.input_refs)
         .map_err(|e| Error::invalid("input_refs", e.to_string()))?;
-    let tokens = serde_json::to_string(&c.claim_tokens)
+    let mut tokens: Vec<&String> = c.claim_tokens.iter().collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    let wanted = i64::try_from(tokens.len())
+        .map_err(|_| Error::invalid("claim_tokens", "too many tokens"))?;
+    let tokens = serde_json::to_string(&tokens)
         .map_err(|e| Error::invalid("claim_tokens", e.to_string()))?;
     let (parent, idx) = (c.parent_id, c.idx);
     let op = "create_child";
     let mut tx = store.begin_write(op).await?;
+    if let Err(e) = chunk_fence(&mut tx, chunk, op).await {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Err(e);
+    }
     let existing: Option<i64> =
         sqlx::query_scalar("SELECT id FROM dockhand_jobs WHERE parent_id = ? AND child_index = ?")
             .bind(parent)
@@ -276,23 +331,68 @@ pub(super) async fn create_child(
         tx.commit().await.map_err(Error::db(op))?;
         return Ok(ChildOutcome::Adopted(child));
     }
-    // A new child needs a live parent and a row that has not been discarded.
-    let status: Option<String> =
-        sqlx::query_scalar("SELECT status FROM dockhand_jobs WHERE id = ?")
+    // A new child needs a live parent whose batch has no outcome, and a row still to schedule.
+    let parent_row: Option<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, batch_outcome FROM dockhand_jobs WHERE id = ?")
             .bind(parent)
             .fetch_optional(&mut *tx)
             .await
             .map_err(Error::db(op))?;
-    let state: Option<String> =
-        sqlx::query_scalar("SELECT state FROM dockhand_worklist WHERE parent_id = ? AND idx = ?")
-            .bind(parent)
-            .bind(idx)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(Error::db(op))?;
-    if let Some(e) = refusal(parent, idx, status.as_deref(), state.as_deref()) {
-        tx.rollback().await.map_err(Error::db(op))?;
-        return Err(e);
+    let row: Option<(String, String)> = sqlx::query_as(
+        "SELECT state, sidecar FROM dockhand_worklist WHERE parent_id = ? AND idx = ?",
+    )
+    .bind(parent)
+    .bind(idx)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    let stopped = match refusal(
+        parent,
+        idx,
+        parent_row.as_ref().map(|p| p.0.as_str()),
+        parent_row.as_ref().and_then(|p| p.1.as_deref()),
+        row.as_ref().map(|r| r.0.as_str()),
+    ) {
+        Ok(stopped) => stopped,
+        Err(e) => {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Err(e);
+        }
+    };
+    let malformed = row
+        .as_ref()
+        .is_some_and(|r| sidecar_text_is_malformed(&r.1));
+    // Every claim the child is to take over must still be the parent's (not taken over after
+    // its TTL, not released); the check holds since this is the one writer.
+    let held: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM dockhand_item_claims
+         WHERE job_id = ? AND status = 'claimed' AND token IN (SELECT value FROM json_each(?))",
+    )
+    .bind(parent)
+    .bind(&tokens)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    let discard = if stopped {
+        Some((
+            DiscardCause::BatchStopped,
+            "batch stopped: no new child".to_string(),
+        ))
+    } else if held < wanted {
+        Some((
+            DiscardCause::ClaimLost,
+            format!(
+                "claim lost: {} of {wanted} claims are no longer held by the parent",
+                wanted - held
+            ),
+        ))
+    } else {
+        None
+    };
+    if let Some((cause, error)) = discard {
+        discard_row(&mut tx, parent, idx, &error, 0, malformed, op).await?;
+        tx.commit().await.map_err(Error::db(op))?;
+        return Ok(ChildOutcome::Discarded(cause));
     }
     let child: i64 = sqlx::query_scalar(
         "INSERT INTO dockhand_jobs
@@ -312,12 +412,14 @@ pub(super) async fn create_child(
     .await
     .map_err(Error::db(op))?;
     sqlx::query(
-        "UPDATE dockhand_item_claims SET job_id = ?1
+        "UPDATE dockhand_item_claims SET job_id = ?1, expires_at = ?4 + COALESCE(ttl_ms, ?5)
          WHERE job_id = ?2 AND status = 'claimed' AND token IN (SELECT value FROM json_each(?3))",
     )
     .bind(child)
     .bind(parent)
-    .bind(tokens)
+    .bind(&tokens)
+    .bind(ms(now))
+    .bind(c.claim_ttl.num_milliseconds())
     .execute(&mut *tx)
     .await
     .map_err(Error::db("create_child (claims)"))?;
@@ -358,15 +460,15 @@ pub(super) async fn settle_work(
         tx.rollback().await.map_err(Error::db(op))?;
         return Err(e);
     }
-    let row: Option<(String, i32)> = sqlx::query_as(
-        "SELECT state, attempts FROM dockhand_worklist WHERE parent_id = ? AND idx = ?",
+    let row: Option<(String, i32, String)> = sqlx::query_as(
+        "SELECT state, attempts, sidecar FROM dockhand_worklist WHERE parent_id = ? AND idx = ?",
     )
     .bind(parent)
     .bind(idx)
     .fetch_optional(&mut *tx)
     .await
     .map_err(Error::db(op))?;
-    let Some((state, attempts)) = row else {
+    let Some((state, attempts, sidecar)) = row else {
         tx.rollback().await.map_err(Error::db(op))?;
         return Err(no_row(parent, idx));
     };
@@ -398,25 +500,8 @@ pub(super) async fn settle_work(
         RowSettle::Retry { error, .. } => (error, 1),
         RowSettle::Discard { reason } => (reason, 0),
     };
-    sqlx::query(&release_sql("w.idx = ?2"))
-        .bind(parent)
-        .bind(idx)
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::db("settle_work (release claims)"))?;
-    sqlx::query(
-        "UPDATE dockhand_worklist
-         SET state = 'discarded', attempts = attempts + ?, error = ?, lease_owner = NULL,
-             lease_until = NULL
-         WHERE parent_id = ? AND idx = ?",
-    )
-    .bind(bump)
-    .bind(error)
-    .bind(parent)
-    .bind(idx)
-    .execute(&mut *tx)
-    .await
-    .map_err(Error::db(op))?;
+    let malformed = sidecar_text_is_malformed(&sidecar);
+    discard_row(&mut tx, parent, idx, error, bump, malformed, op).await?;
     tx.commit().await.map_err(Error::db(op))?;
     Ok(())
 }

@@ -79,6 +79,7 @@ pub(super) fn spec(parent: i64, idx: i32, tokens: &[&Descriptor]) -> ChildSpec {
         step_index: 2,
         input_refs: vec![format!("v1:{idx}")],
         claim_tokens: tokens.iter().map(|d| d.token.clone()).collect(),
+        claim_ttl: chrono::Duration::minutes(30),
         step: step(),
     }
 }
@@ -271,7 +272,11 @@ pub(super) async fn create_child_hands_over_claims_once() {
         .await
         .unwrap();
     let r = store
-        .create_child(&spec(parent, 0, &[&claims[0]]), t0())
+        .create_child(
+            &spec(parent, 0, &[&claims[0]]),
+            running_lease(&store, "o", t0()).await,
+            t0(),
+        )
         .await
         .unwrap();
     let ChildOutcome::Created(child) = r else {
@@ -298,7 +303,11 @@ pub(super) async fn create_child_hands_over_claims_once() {
 
     // A duplicate delivery adopts; nothing else moves.
     let again = store
-        .create_child(&spec(parent, 0, &[&claims[0]]), t0())
+        .create_child(
+            &spec(parent, 0, &[&claims[0]]),
+            running_lease(&store, "o", t0()).await,
+            t0(),
+        )
         .await;
     assert_eq!(again.unwrap(), ChildOutcome::Adopted(child));
     assert_eq!(state(&store, parent).await.children_total, 1);
@@ -318,14 +327,29 @@ pub(super) async fn create_child_hands_over_claims_once() {
         .await
         .unwrap();
     assert!(store
-        .create_child(&spec(parent, 1, &[]), t0())
+        .create_child(
+            &spec(parent, 1, &[]),
+            running_lease(&store, "o", t0()).await,
+            t0()
+        )
         .await
         .is_err());
     assert!(store
-        .create_child(&spec(parent, 7, &[]), t0())
+        .create_child(
+            &spec(parent, 7, &[]),
+            running_lease(&store, "o", t0()).await,
+            t0()
+        )
         .await
         .is_err());
-    assert!(store.create_child(&spec(999, 0, &[]), t0()).await.is_err());
+    assert!(store
+        .create_child(
+            &spec(999, 0, &[]),
+            running_lease(&store, "o", t0()).await,
+            t0()
+        )
+        .await
+        .is_err());
     assert_eq!(state(&store, parent).await.children_total, 1);
 }
 
@@ -403,7 +427,8 @@ pub(super) async fn settle_retries_up_to_the_bound_then_discards_and_releases() 
         ("discarded", Some("db busy"))
     );
 
-    // Discard now; a corrupt sidecar releases nothing and is no error.
+    // Discard now; a corrupt sidecar is no error and releases by job id: every claim the
+    // parent holds that no other live row names (here: row 2's own).
     let discard = RowSettle::Discard {
         reason: "hydration failed".into(),
     };
@@ -428,7 +453,7 @@ pub(super) async fn settle_retries_up_to_the_bound_then_discards_and_releases() 
         .await
         .unwrap();
     assert_eq!(holder(&store, &claims[1]).await, None);
-    assert_eq!(holder(&store, &claims[2]).await, Some(Some(parent)));
+    assert_eq!(holder(&store, &claims[2]).await, None);
     let st = state(&store, parent).await;
     assert_eq!((st.discarded_rows, st.ready, st.leased), (3, 0, 0));
     // Settling a settled row changes nothing.

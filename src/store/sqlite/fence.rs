@@ -7,7 +7,8 @@ use super::batch::enqueue_due;
 use super::jobs::{job_from_row, JOB_COLUMNS};
 use super::SqliteStore;
 use crate::batch::{
-    decode_sidecar_text, finalize_action, BatchAbort, BatchState, FailedChild, FenceOutcome,
+    decode_sidecar_text, finalize_action, outcome, sidecar_text_is_malformed, BatchAbort,
+    BatchState, FailedChild, FenceOutcome,
 };
 use crate::error::{Error, Result};
 use crate::state::JobStatus;
@@ -26,6 +27,18 @@ pub(super) fn release_sql(rows: &str) -> String {
              WHERE w.parent_id = ?1 AND {rows})"
     )
 }
+
+/// Deletes the claims parent `?1` still holds that the sidecar of no `ready`/`leased` row of
+/// its worklist names: how a row with a malformed sidecar is released (by job id; see
+/// [`crate::Store::settle_work`]). Run after the row left `ready`/`leased`.
+pub(super) const RELEASE_UNNAMED: &str = "DELETE FROM dockhand_item_claims
+ WHERE job_id = ?1 AND status = 'claimed' AND token NOT IN (
+     SELECT json_extract(s.value, '$.token')
+     FROM dockhand_worklist w,
+          json_each(CASE WHEN json_valid(w.sidecar) AND json_type(w.sidecar) = 'array'
+                         THEN w.sidecar ELSE '[]' END) s
+     WHERE w.parent_id = ?1 AND w.state IN ('ready', 'leased') AND s.type = 'object'
+       AND json_extract(s.value, '$.token') IS NOT NULL)";
 
 /// A stored job status, or a corrupt-row error naming the job.
 pub(super) fn job_status(id: i64, text: &str) -> Result<JobStatus> {
@@ -112,18 +125,44 @@ pub(super) async fn fence_batch(
 pub(super) async fn abort_batch(
     store: &SqliteStore,
     parent: i64,
-    why: BatchAbort,
+    why: &BatchAbort,
+    now: DateTime<Utc>,
 ) -> Result<BatchState> {
-    let (row_error, outcome) = match why {
-        BatchAbort::ScheduleFailed => ("batch_schedule_failed", "batch_schedule_failed"),
-        BatchAbort::Cancel => ("cancelled", "cancel_requested"),
+    let (row_error, outcome, stop_status, stop_reason) = match why {
+        BatchAbort::ScheduleFailed => (
+            "batch_schedule_failed",
+            outcome::SCHEDULE_FAILED,
+            None,
+            None,
+        ),
+        BatchAbort::Stop { status, reason } => (
+            if *status == JobStatus::Failed {
+                "failed"
+            } else {
+                "cancelled"
+            },
+            outcome::STOPPED,
+            Some(status.as_str()),
+            Some(reason.as_str()),
+        ),
     };
     let op = "abort_batch";
     let mut tx = store.begin_write(op).await?;
-    if let Err(e) = parent_row(&mut tx, parent, op).await? {
-        tx.rollback().await.map_err(Error::db(op))?;
-        return Err(e);
-    }
+    let status = match parent_row(&mut tx, parent, op).await? {
+        Ok((status, _, _)) => job_status(parent, &status)?,
+        Err(e) => {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Err(e);
+        }
+    };
+    let sidecars: Vec<String> = sqlx::query_scalar(
+        "SELECT sidecar FROM dockhand_worklist WHERE parent_id = ? AND state = 'ready'",
+    )
+    .bind(parent)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    let malformed = sidecars.iter().any(|s| sidecar_text_is_malformed(s));
     sqlx::query(&release_sql("w.state = 'ready'"))
         .bind(parent)
         .execute(&mut *tx)
@@ -139,18 +178,41 @@ pub(super) async fn abort_batch(
     .execute(&mut *tx)
     .await
     .map_err(Error::db(op))?;
+    if malformed {
+        sqlx::query(RELEASE_UNNAMED)
+            .bind(parent)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db("abort_batch (release claims)"))?;
+    }
+    // The first stop wins: its outcome, status and reason are kept.
     sqlx::query(
         "UPDATE dockhand_jobs
-         SET batch_outcome = COALESCE(batch_outcome, ?), batch_state = 'fenced'
-         WHERE id = ?",
+         SET batch_outcome = ?, batch_stop_status = ?, batch_stop_reason = ?
+         WHERE id = ? AND batch_outcome IS NULL",
     )
     .bind(outcome)
+    .bind(stop_status)
+    .bind(stop_reason)
     .bind(parent)
     .execute(&mut *tx)
     .await
     .map_err(Error::db(op))?;
+    sqlx::query("UPDATE dockhand_jobs SET batch_state = 'fenced' WHERE id = ?")
+        .bind(parent)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
     let state = read_state(&mut tx, parent).await?.unwrap_or_default();
+    // Due now (no active child, no leased row): the finalize action is the durable path to
+    // final, committed with the mark (B7); the caller may finish the parent at once too.
+    let due = !status.is_final()
+        && state.decision().is_some()
+        && enqueue_due(&mut tx, &finalize_action(parent, now), now).await?;
     tx.commit().await.map_err(Error::db(op))?;
+    if due {
+        store.wake.notify();
+    }
     Ok(state)
 }
 
@@ -159,8 +221,9 @@ pub(super) async fn abort_batch(
 async fn read_state(conn: &mut SqliteConnection, parent: i64) -> Result<Option<BatchState>> {
     let op = "batch_state";
     let row = sqlx::query(
-        "SELECT status, batch_state, batch_outcome, chunk_size, child_step, items_total, children_total,
-            children_terminal, children_completed, children_failed, children_skipped
+        "SELECT status, batch_state, batch_outcome, batch_stop_status, batch_stop_reason,
+            chunk_size, child_step, items_total, children_total, children_terminal,
+            children_completed, children_failed, children_skipped
          FROM dockhand_jobs WHERE id = ? AND batch_state IS NOT NULL",
     )
     .bind(parent)
@@ -177,6 +240,12 @@ async fn read_state(conn: &mut SqliteConnection, parent: i64) -> Result<Option<B
         status: Some(job_status(parent, &status)?),
         fenced: batch == "fenced",
         outcome: row.try_get("batch_outcome").map_err(d())?,
+        stop_status: row
+            .try_get::<Option<String>, _>("batch_stop_status")
+            .map_err(d())?
+            .map(|s| job_status(parent, &s))
+            .transpose()?,
+        stop_reason: row.try_get("batch_stop_reason").map_err(d())?,
         chunk_size: row
             .try_get::<Option<i32>, _>("chunk_size")
             .map_err(d())?

@@ -27,7 +27,13 @@ async fn fence_and_terminal_children_enqueue_finalize() {
         .lease_work(a, 10, running_lease(&store, "o", t0()).await, until, t0())
         .await
         .unwrap();
-    let Ok(ChildOutcome::Created(child)) = store.create_child(&spec(a, 0, &[&ca[0]]), t0()).await
+    let Ok(ChildOutcome::Created(child)) = store
+        .create_child(
+            &spec(a, 0, &[&ca[0]]),
+            running_lease(&store, "o", t0()).await,
+            t0(),
+        )
+        .await
     else {
         panic!("child not created")
     };
@@ -65,7 +71,15 @@ async fn fence_and_terminal_children_enqueue_finalize() {
         .unwrap();
     let mut kids = Vec::new();
     for idx in 0..2 {
-        match store.create_child(&spec(b, idx, &[]), t0()).await.unwrap() {
+        match store
+            .create_child(
+                &spec(b, idx, &[]),
+                running_lease(&store, "o", t0()).await,
+                t0(),
+            )
+            .await
+            .unwrap()
+        {
             ChildOutcome::Created(id) => kids.push(id),
             other => panic!("{other:?}"),
         }
@@ -137,14 +151,14 @@ async fn abort_discards_ready_rows_and_releases_only_their_claims() {
     assert_eq!(holder(&store, &claims[1]).await, None);
     assert_eq!(holder(&store, &claims[2]).await, None);
     let st = store
-        .abort_batch(parent, BatchAbort::Cancel, t0())
+        .abort_batch(parent, BatchAbort::cancel(), t0())
         .await
         .unwrap();
     assert_eq!(st.outcome.as_deref(), Some("batch_schedule_failed"));
 
     let (other, _) = parent_with(&store, 1).await;
     let st = store
-        .abort_batch(other, BatchAbort::Cancel, t0())
+        .abort_batch(other, BatchAbort::cancel(), t0())
         .await
         .unwrap();
     assert_eq!(
@@ -152,7 +166,7 @@ async fn abort_discards_ready_rows_and_releases_only_their_claims() {
         (Some("cancel_requested"), 1)
     );
     assert!(store
-        .abort_batch(999, BatchAbort::Cancel, t0())
+        .abort_batch(999, BatchAbort::cancel(), t0())
         .await
         .is_err());
 }

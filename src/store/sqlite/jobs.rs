@@ -8,8 +8,8 @@ use super::{enqueue::enqueue_one, from_ms, ms, SqliteStore};
 use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction};
-use crate::state::JobStatus;
+use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction, StepStart};
+use crate::state::{step_gate, JobStatus, ParentView, StepGate};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::sqlite::SqliteRow;
@@ -198,16 +198,38 @@ pub(super) async fn start_step(
     job_id: i64,
     step: i32,
     now: DateTime<Utc>,
-) -> Result<Option<Job>> {
-    let mut tx = store.begin_write("start_step").await?;
+) -> Result<StepStart> {
+    let op = "start_step";
+    let mut tx = store.begin_write(op).await?;
     let Some(mut job) = read_job(&mut tx, job_id).await? else {
-        tx.rollback().await.map_err(Error::db("start_step"))?;
-        return Ok(None);
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Ok(StepStart::Stale);
     };
-    let result = match job.status {
-        _ if job.step_index != step => None,
-        JobStatus::Processing => Some(job),
-        JobStatus::Pending => {
+    // The job's batch and its parent's stop, under the same write lock as the transition.
+    let (fanned_out, parent_status, parent_outcome): (bool, Option<String>, Option<String>) =
+        sqlx::query_as(
+            "SELECT j.batch_state IS NOT NULL, p.status, p.batch_outcome
+             FROM dockhand_jobs j LEFT JOIN dockhand_jobs p ON p.id = j.parent_id
+             WHERE j.id = ?",
+        )
+        .bind(job_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+    let parent_status = match (job.parent_id, parent_status) {
+        (Some(p), Some(s)) => Some(super::fence::job_status(p, &s)?),
+        _ => None,
+    };
+    let parent = parent_status.map(|status| ParentView {
+        status,
+        outcome: parent_outcome.as_deref(),
+    });
+    let result = match step_gate(job.status, job.step_index == step, fanned_out, parent) {
+        StepGate::Stale => StepStart::Stale,
+        StepGate::ParentStopped => StepStart::ParentStopped(job),
+        StepGate::FannedOut => StepStart::FannedOut(job),
+        StepGate::Run => StepStart::Run(job),
+        StepGate::Start => {
             let done = sqlx::query(
                 "UPDATE dockhand_jobs SET status = 'processing', updated_at = ?
                  WHERE id = ? AND step_index = ? AND status = 'pending'",
@@ -217,16 +239,17 @@ pub(super) async fn start_step(
             .bind(step)
             .execute(&mut *tx)
             .await
-            .map_err(Error::db("start_step"))?;
-            (done.rows_affected() == 1).then(|| {
+            .map_err(Error::db(op))?;
+            if done.rows_affected() == 1 {
                 job.status = JobStatus::Processing;
                 job.updated_at = crate::clock::to_millis(now);
-                job
-            })
+                StepStart::Run(job)
+            } else {
+                StepStart::Stale
+            }
         }
-        _ => None,
     };
-    tx.commit().await.map_err(Error::db("start_step"))?;
+    tx.commit().await.map_err(Error::db(op))?;
     Ok(result)
 }
 

@@ -259,7 +259,12 @@ impl Store for SqliteStore {
         jobs::list_jobs(self, filter).await
     }
 
-    async fn start_step(&self, job_id: i64, step: i32, now: DateTime<Utc>) -> Result<Option<Job>> {
+    async fn start_step(
+        &self,
+        job_id: i64,
+        step: i32,
+        now: DateTime<Utc>,
+    ) -> Result<crate::jobs::StepStart> {
         jobs::start_step(self, job_id, step, now).await
     }
 
@@ -410,8 +415,13 @@ impl Store for SqliteStore {
         batch::lease_work(self, parent, limit, chunk, lease_until, now).await
     }
 
-    async fn create_child(&self, child: &ChildSpec, now: DateTime<Utc>) -> Result<ChildOutcome> {
-        batch::create_child(self, child, now).await
+    async fn create_child(
+        &self,
+        child: &ChildSpec,
+        chunk: Lease,
+        now: DateTime<Utc>,
+    ) -> Result<ChildOutcome> {
+        batch::create_child(self, child, chunk, now).await
     }
 
     async fn settle_work(
@@ -433,9 +443,9 @@ impl Store for SqliteStore {
         &self,
         parent: i64,
         why: BatchAbort,
-        _now: DateTime<Utc>,
+        now: DateTime<Utc>,
     ) -> Result<BatchState> {
-        fence::abort_batch(self, parent, why).await
+        fence::abort_batch(self, parent, &why, now).await
     }
 
     async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {

@@ -28,7 +28,11 @@ async fn job_liveness_reports_what_drives_each_job() {
         .await
         .unwrap();
     store
-        .create_child(&spec(parent, 0, &[]), t0())
+        .create_child(
+            &spec(parent, 0, &[]),
+            running_lease(&store, "o", t0()).await,
+            t0(),
+        )
         .await
         .unwrap();
     store.fence_batch(parent, t0()).await.unwrap();
@@ -91,7 +95,12 @@ async fn audit_finds_each_planted_violation() {
     .await;
     // (3) a fenced parent, every child terminal, not final, no action (also (2)).
     let (parent, _) = parent_with(&store, 1).await;
-    store.start_step(parent, 0, t0()).await.unwrap();
+    // Processing as its split step left it (a fanned-out job's step never starts again).
+    sql(
+        &store,
+        &format!("UPDATE dockhand_jobs SET status = 'processing' WHERE id = {parent}"),
+    )
+    .await;
     store
         .settle_work(
             parent,

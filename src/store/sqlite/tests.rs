@@ -350,10 +350,25 @@ async fn job_steps_engine_data_and_packets() {
     let step_hook = crate::action::ActionQuery::default();
     assert_eq!(store.query(&step_hook).await.unwrap().len(), 1);
 
-    assert!(store.start_step(job, 1, t0()).await.unwrap().is_none());
-    let j = store.start_step(job, 0, t0()).await.unwrap().unwrap();
+    assert!(store
+        .start_step(job, 1, t0())
+        .await
+        .unwrap()
+        .job()
+        .is_none());
+    let j = store
+        .start_step(job, 0, t0())
+        .await
+        .unwrap()
+        .into_job()
+        .unwrap();
     assert_eq!(j.status, JobStatus::Processing);
-    assert!(store.start_step(job, 0, t0()).await.unwrap().is_some());
+    assert!(store
+        .start_step(job, 0, t0())
+        .await
+        .unwrap()
+        .job()
+        .is_some());
 
     let refs = vec!["v1:abc".to_string()];
     assert!(store
@@ -367,7 +382,12 @@ async fn job_steps_engine_data_and_packets() {
     assert!(wake.has_changed().unwrap());
     assert_eq!(store.query(&step_hook).await.unwrap().len(), 2);
     assert!(store.park_job(job, 1, 2, &[], t0()).await.unwrap());
-    assert!(store.start_step(job, 2, t0()).await.unwrap().is_none());
+    assert!(store
+        .start_step(job, 2, t0())
+        .await
+        .unwrap()
+        .job()
+        .is_none());
     assert!(store.resume_job(job, &step(), t0()).await.unwrap());
     assert!(!store.resume_job(job, &step(), t0()).await.unwrap());
     let j = store.get_job(job).await.unwrap().unwrap();

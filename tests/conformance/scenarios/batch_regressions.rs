@@ -10,7 +10,7 @@ use dockhand::{ActionSpec, ActionStatus, Clock, Error, JobStatus};
 use serde_json::json;
 
 /// Drains `rounds` times, 3 s of clock apart (retries and snoozes come due).
-async fn drain_rounds(rt: &dockhand::Runtime, db: &TestDb, rounds: usize) {
+pub(super) async fn drain_rounds(rt: &dockhand::Runtime, db: &TestDb, rounds: usize) {
     for _ in 0..rounds {
         rt.drain(1000).await.unwrap();
         db.clock.advance(chrono::Duration::seconds(3));
@@ -34,7 +34,7 @@ async fn assert_batch_completed(rt: &dockhand::Runtime, parent: i64, n: usize) {
 }
 
 /// Claims the one due action of `hook` as a worker would, with a lease of `lease`.
-async fn claim_as_worker(db: &TestDb, hook: &str, lease: chrono::Duration) -> Lease {
+pub(super) async fn claim_as_worker(db: &TestDb, hook: &str, lease: chrono::Duration) -> Lease {
     let now = db.clock.now();
     let hooks = [hook.to_string()];
     let got = db

@@ -11,7 +11,7 @@ use dockhand::{
 };
 use serde_json::json;
 
-fn item(i: usize) -> Identity {
+pub(super) fn item(i: usize) -> Identity {
     Identity::new("shared:b", "src", format!("item-{i}")).unwrap()
 }
 
@@ -281,11 +281,21 @@ pub async fn s_b7_cancel_a_batch_with_unscheduled_items(db: TestDb) {
     rt.run_due_once().await.unwrap(); // split
     rt.run_due_once().await.unwrap(); // chunk 0: children 0 and 1 (not yet run)
     let r = rt.jobs().cancel(parent).await.unwrap();
+    // Children not yet started are cancelled with it (B5): nothing is active, so the parent
+    // is final at once.
     assert_eq!(
-        r.reason.as_deref(),
-        Some("cancel_requested"),
-        "children still active"
+        (r.status, r.reason.as_deref(), r.changed),
+        (JobStatus::Cancelled, Some("manual"), true)
     );
+    for k in children(&rt, parent).await {
+        assert_eq!(k.status, JobStatus::Cancelled, "child {} not started", k.id);
+    }
+    for i in 0..2 {
+        assert!(
+            rt.jobs().claim_state(&item(i)).await.unwrap().is_none(),
+            "cancelled child's item {i} released"
+        );
+    }
     for i in 2..6 {
         assert!(
             rt.jobs().claim_state(&item(i)).await.unwrap().is_none(),

@@ -1,7 +1,9 @@
 //! Scenario bodies, each an `async fn(TestDb)` run once per backend by `conformance!`.
 
+mod batch_guards;
 mod batch_regressions;
 mod batch_rerun;
+mod batch_stop;
 mod batches;
 mod claim_handlers;
 mod claim_races;
@@ -23,8 +25,10 @@ mod sweep;
 mod sweep_checks;
 mod views;
 
+pub use batch_guards::*;
 pub use batch_regressions::*;
 pub use batch_rerun::*;
+pub use batch_stop::*;
 pub use batches::*;
 pub use claim_handlers::*;
 pub use claim_races::*;

@@ -6,11 +6,16 @@
 //! The lock order is the parent module's: the parent job row, then worklist rows, then item
 //! claims.
 
-use super::{chunk_fence, lock_parent, no_row, not_a_batch, parse_status, RELEASE_SIDECARS};
+use super::{
+    chunk_fence, discard_row, lock_parent, no_row, not_a_batch, parse_status, RELEASE_SIDECARS,
+    RELEASE_UNNAMED,
+};
 use crate::batch::{
-    decode_sidecar, finalize_action, BatchAbort, BatchState, FailedChild, FenceOutcome, RowSettle,
+    decode_sidecar, finalize_action, outcome, sidecar_is_malformed, BatchAbort, BatchState,
+    FailedChild, FenceOutcome, RowSettle,
 };
 use crate::error::{Error, Result};
+use crate::state::JobStatus;
 use crate::store::postgres::jobs::{job_from_row, COLUMNS};
 use crate::store::postgres::{enqueue::enqueue_one, PgStore};
 use crate::store::Lease;
@@ -73,21 +78,7 @@ pub(in crate::store::postgres) async fn settle_work(
         RowSettle::Retry { error, .. } => (error, 1),
         RowSettle::Discard { reason } => (reason, 0),
     };
-    sqlx::query(&format!(
-        "WITH d AS (
-            UPDATE dockhand_worklist
-            SET state = 'discarded', attempts = attempts + $3, error = $4,
-                lease_owner = NULL, lease_until = NULL
-            WHERE parent_id = $1 AND idx = $2
-            RETURNING sidecar){RELEASE_SIDECARS}"
-    ))
-    .bind(parent)
-    .bind(idx)
-    .bind(bump)
-    .bind(error)
-    .execute(&mut *tx)
-    .await
-    .map_err(Error::db("settle_work (discard)"))?;
+    discard_row(&mut tx, parent, idx, (error, bump), "settle_work (discard)").await?;
     tx.commit().await.map_err(Error::db(op))?;
     Ok(())
 }
@@ -142,20 +133,43 @@ pub(in crate::store::postgres) async fn fence_batch(
 pub(in crate::store::postgres) async fn abort_batch(
     store: &PgStore,
     parent: i64,
-    why: BatchAbort,
-    _now: DateTime<Utc>,
+    why: &BatchAbort,
+    now: DateTime<Utc>,
 ) -> Result<BatchState> {
     let op = "abort_batch";
-    let (row_error, outcome) = match why {
-        BatchAbort::ScheduleFailed => ("batch_schedule_failed", "batch_schedule_failed"),
-        BatchAbort::Cancel => ("cancelled", "cancel_requested"),
+    let (row_error, outcome, stop_status, stop_reason) = match why {
+        BatchAbort::ScheduleFailed => (
+            "batch_schedule_failed",
+            outcome::SCHEDULE_FAILED,
+            None,
+            None,
+        ),
+        BatchAbort::Stop { status, reason } => (
+            if *status == JobStatus::Failed {
+                "failed"
+            } else {
+                "cancelled"
+            },
+            outcome::STOPPED,
+            Some(status.as_str()),
+            Some(reason.as_str()),
+        ),
     };
     let mut tx = store.begin(op).await?;
-    let (_, state) = lock_parent(&mut tx, parent, op).await?;
+    let (status, state) = lock_parent(&mut tx, parent, op).await?;
     if state.is_none() {
         tx.rollback().await.map_err(Error::db(op))?;
         return Err(not_a_batch(parent));
     }
+    let sidecars: Vec<Json<serde_json::Value>> = sqlx::query_scalar(
+        "SELECT sidecar FROM dockhand_worklist WHERE parent_id = $1 AND state = 'ready'
+         FOR UPDATE",
+    )
+    .bind(parent)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    let malformed = sidecars.iter().any(|Json(v)| sidecar_is_malformed(v));
     sqlx::query(&format!(
         "WITH d AS (
             UPDATE dockhand_worklist
@@ -168,19 +182,51 @@ pub(in crate::store::postgres) async fn abort_batch(
     .execute(&mut *tx)
     .await
     .map_err(Error::db("abort_batch (discard)"))?;
+    if malformed {
+        sqlx::query(RELEASE_UNNAMED)
+            .bind(parent)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db("abort_batch (release claims)"))?;
+    }
+    // The first stop wins: its outcome, status and reason are kept.
     sqlx::query(
         "UPDATE dockhand_jobs
-         SET batch_outcome = COALESCE(batch_outcome, $2), batch_state = 'fenced'
-         WHERE id = $1",
+         SET batch_outcome = $2, batch_stop_status = $3, batch_stop_reason = $4
+         WHERE id = $1 AND batch_outcome IS NULL",
     )
     .bind(parent)
     .bind(outcome)
+    .bind(stop_status)
+    .bind(stop_reason)
     .execute(&mut *tx)
     .await
     .map_err(Error::db(op))?;
-    let st = read_state(&mut *tx, parent).await?;
+    sqlx::query("UPDATE dockhand_jobs SET batch_state = 'fenced' WHERE id = $1")
+        .bind(parent)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+    let st = read_state(&mut *tx, parent)
+        .await?
+        .ok_or_else(|| not_a_batch(parent))?;
+    // Due now (no active child, no leased row): the finalize action is the durable path to
+    // final, committed with the mark (B7); the caller may finish the parent at once too.
+    let due = !status.is_final() && st.decision().is_some();
+    if due {
+        enqueue_one(
+            &mut tx,
+            &finalize_action(parent, now),
+            now,
+            Some(&store.channel),
+        )
+        .await?;
+    }
     tx.commit().await.map_err(Error::db(op))?;
-    st.ok_or_else(|| not_a_batch(parent))
+    if due {
+        store.wake.notify();
+    }
+    Ok(st)
 }
 
 /// A parent's batch state; see [`crate::Store::batch_state`].
@@ -194,7 +240,8 @@ pub(in crate::store::postgres) async fn batch_state(
 /// The parent's batch fields and worklist counts; `None` when missing or not a batch parent.
 async fn read_state<'e, E: PgExecutor<'e>>(ex: E, parent: i64) -> Result<Option<BatchState>> {
     let row = sqlx::query(
-        "SELECT j.status, j.batch_state, j.batch_outcome, j.chunk_size, j.child_step,
+        "SELECT j.status, j.batch_state, j.batch_outcome, j.batch_stop_status,
+                j.batch_stop_reason, j.chunk_size, j.child_step,
                 j.items_total, j.children_total, j.children_terminal, j.children_completed,
                 j.children_failed, j.children_skipped, w.ready, w.leased, w.completed, w.discarded
          FROM dockhand_jobs j CROSS JOIN LATERAL (
@@ -219,6 +266,12 @@ async fn read_state<'e, E: PgExecutor<'e>>(ex: E, parent: i64) -> Result<Option<
         status: Some(parse_status(parent, &status)?),
         fenced: state == "fenced",
         outcome: r.try_get("batch_outcome").map_err(d())?,
+        stop_status: r
+            .try_get::<Option<String>, _>("batch_stop_status")
+            .map_err(d())?
+            .map(|s| parse_status(parent, &s))
+            .transpose()?,
+        stop_reason: r.try_get("batch_stop_reason").map_err(d())?,
         chunk_size: r
             .try_get::<Option<i32>, _>("chunk_size")
             .map_err(d())?

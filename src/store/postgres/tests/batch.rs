@@ -209,7 +209,11 @@ async fn create_child_hands_over_claims_and_adopts_repeats() {
     let mut rx = s.wakeups();
     rx.borrow_and_update();
     let ChildOutcome::Created(c) = s
-        .create_child(&child(p, 0, tokens.clone()), now)
+        .create_child(
+            &child(p, 0, tokens.clone()),
+            running_lease(&s, "w", now).await,
+            now,
+        )
         .await
         .unwrap()
     else {
@@ -239,7 +243,10 @@ async fn create_child_hands_over_claims_and_adopts_repeats() {
     assert_eq!((st.children_total, st.completed_rows, st.leased), (1, 1, 1));
 
     // A duplicate delivery adopts the child: no second child, counter or step action.
-    let again = s.create_child(&child(p, 0, tokens), now).await.unwrap();
+    let again = s
+        .create_child(&child(p, 0, tokens), running_lease(&s, "w", now).await, now)
+        .await
+        .unwrap();
     assert_eq!(again, ChildOutcome::Adopted(c));
     assert_eq!(s.batch_state(p).await.unwrap().unwrap().children_total, 1);
     assert_eq!(
@@ -248,12 +255,20 @@ async fn create_child_hands_over_claims_and_adopts_repeats() {
     );
 
     let e = s
-        .create_child(&child(p, 99, vec![]), now)
+        .create_child(
+            &child(p, 99, vec![]),
+            running_lease(&s, "w", now).await,
+            now,
+        )
         .await
         .unwrap_err();
     assert_eq!(invalid(e), "idx");
     let e = s
-        .create_child(&child(999, 0, vec![]), now)
+        .create_child(
+            &child(999, 0, vec![]),
+            running_lease(&s, "w", now).await,
+            now,
+        )
         .await
         .unwrap_err();
     assert!(

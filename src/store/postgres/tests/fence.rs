@@ -39,7 +39,11 @@ async fn fence_and_the_child_counters_enqueue_finalize_once() {
     let mut kids = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let spec = child(a, i as i32, vec![item.sidecar[0].token.clone()]);
-        match s.create_child(&spec, now).await.unwrap() {
+        match s
+            .create_child(&spec, running_lease(&s, "w", now).await, now)
+            .await
+            .unwrap()
+        {
             ChildOutcome::Created(c) => kids.push(c),
             other => panic!("{other:?}"),
         }
@@ -113,7 +117,11 @@ async fn fence_and_the_child_counters_enqueue_finalize_once() {
     s.lease_work(c, 10, running_lease(&s, "w", now).await, until, now)
         .await
         .unwrap();
-    let ChildOutcome::Created(k) = s.create_child(&child(c, 0, vec![]), now).await.unwrap() else {
+    let ChildOutcome::Created(k) = s
+        .create_child(&child(c, 0, vec![]), running_lease(&s, "w", now).await, now)
+        .await
+        .unwrap()
+    else {
         panic!("expected a new child");
     };
     s.finish_job(k, JobStatus::Skipped, None, &reg, now)
@@ -142,7 +150,7 @@ async fn abort_discards_ready_rows_and_cleanup_waits_for_final() {
     let (p, items) = parent_with_items(&s, 3).await;
     s.fan_out(p, &items, 10, 1, "c", now).await.unwrap();
     let e = s
-        .abort_batch(new_job(&s).await, BatchAbort::Cancel, now)
+        .abort_batch(new_job(&s).await, BatchAbort::cancel(), now)
         .await
         .unwrap_err();
     assert_eq!(invalid(e), "job");
@@ -155,7 +163,7 @@ async fn abort_discards_ready_rows_and_cleanup_waits_for_final() {
     )
     .await
     .unwrap();
-    let st = s.abort_batch(p, BatchAbort::Cancel, now).await.unwrap();
+    let st = s.abort_batch(p, BatchAbort::cancel(), now).await.unwrap();
     assert_eq!(st.outcome.as_deref(), Some("cancel_requested"));
     assert!(st.fenced);
     assert_eq!((st.ready, st.leased, st.discarded_rows), (0, 1, 2));

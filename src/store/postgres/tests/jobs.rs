@@ -216,13 +216,18 @@ async fn job_steps_engine_data_and_packets() {
     );
 
     assert!(
-        s.start_step(id, 1, now).await.unwrap().is_none(),
+        s.start_step(id, 1, now).await.unwrap().job().is_none(),
         "stale step"
     );
-    let j = s.start_step(id, 0, now).await.unwrap().unwrap();
+    let j = s.start_step(id, 0, now).await.unwrap().into_job().unwrap();
     assert_eq!(j.status, JobStatus::Processing);
     assert_eq!(
-        s.start_step(id, 0, now).await.unwrap().unwrap().status,
+        s.start_step(id, 0, now)
+            .await
+            .unwrap()
+            .into_job()
+            .unwrap()
+            .status,
         JobStatus::Processing
     );
     let refs = vec!["v1:def".to_string()];
@@ -234,7 +239,10 @@ async fn job_steps_engine_data_and_packets() {
     assert_eq!(steps(2).await[1].args, json!({"job": id, "step": 1}));
     assert!(s.park_job(id, 1, 2, &[], now).await.unwrap());
     assert!(!s.park_job(id, 1, 2, &[], now).await.unwrap());
-    assert!(s.start_step(id, 2, now).await.unwrap().is_none(), "waiting");
+    assert!(
+        s.start_step(id, 2, now).await.unwrap().job().is_none(),
+        "waiting"
+    );
     assert!(s.resume_job(id, &step(), now).await.unwrap());
     assert!(!s.resume_job(id, &step(), now).await.unwrap());
     assert_eq!(steps(3).await[2].args, json!({"job": id, "step": 2}));

@@ -124,6 +124,7 @@ pub(super) fn child(parent: i64, idx: i32, tokens: Vec<String>) -> ChildSpec {
         step_index: 1,
         input_refs: vec![format!("v1:{idx:064}")],
         claim_tokens: tokens,
+        claim_ttl: chrono::Duration::minutes(30),
         step: step(),
     }
 }

@@ -65,7 +65,11 @@ async fn job_liveness_reports_what_drives_each_job() {
     .await
     .unwrap();
     let ChildOutcome::Created(kid) = s
-        .create_child(&child(waiting, 0, vec![]), now)
+        .create_child(
+            &child(waiting, 0, vec![]),
+            running_lease(&s, "w", now).await,
+            now,
+        )
         .await
         .unwrap()
     else {
@@ -139,7 +143,11 @@ async fn audit_finds_planted_violations() {
     .unwrap();
     let token = items[0].sidecar[0].token.clone();
     let ChildOutcome::Created(kid) = s
-        .create_child(&child(batch, 0, vec![token]), now)
+        .create_child(
+            &child(batch, 0, vec![token]),
+            running_lease(&s, "w", now).await,
+            now,
+        )
         .await
         .unwrap()
     else {
