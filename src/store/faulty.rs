@@ -61,10 +61,16 @@ struct Fault {
     every_after: bool,
 }
 
+/// Something a test does right before a planned store call runs (an operator's move landing
+/// between two store calls of a handler, deterministically: see [`FaultyStore::before_call`]).
+pub type CallHook =
+    Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, ()> + Send + Sync + 'static>;
+
 /// A store that injects planned faults into a real store.
 pub struct FaultyStore {
     inner: DynStore,
     plan: Mutex<Vec<Fault>>,
+    hooks: Mutex<Vec<(String, u64, CallHook)>>,
     calls: Mutex<HashMap<String, u64>>,
     log: Mutex<Vec<&'static str>>,
     /// A planned crash: (1-based index into the call log, mode of that call).
@@ -92,6 +98,7 @@ impl FaultyStore {
         Arc::new(FaultyStore {
             inner,
             plan: Mutex::new(Vec::new()),
+            hooks: Mutex::new(Vec::new()),
             calls: Mutex::new(HashMap::new()),
             log: Mutex::new(Vec::new()),
             crash: Mutex::new(None),
@@ -119,6 +126,16 @@ impl FaultyStore {
         });
     }
 
+    /// Runs `hook` once, right before the `nth` call (1-based, counted from now) of `method`
+    /// runs, and counts it as an injected fault. The call waits for the hook; the hook should
+    /// use another store (the wrapped one), or its own calls are counted and logged here too.
+    /// This is how a test lands an operator's move (a cancel, say) between two store calls of
+    /// a running handler without threads racing.
+    pub fn before_call(&self, method: &str, nth: u64, hook: CallHook) {
+        let base = lock(&self.calls).get(method).copied().unwrap_or(0);
+        lock(&self.hooks).push((method.to_string(), base + nth.max(1), hook));
+    }
+
     /// Simulates a crash of the process at its `nth` store call from now, whatever the
     /// method: that call fails in `mode` (`FailBefore`: it does not run; `ExecuteThenFail`: it
     /// commits first), and every later call fails before running, until healed.
@@ -127,9 +144,10 @@ impl FaultyStore {
         *lock(&self.crash) = Some((base + nth.max(1), mode));
     }
 
-    /// Removes every planned fault and crash.
+    /// Removes every planned fault, hook and crash.
     pub fn heal(&self) {
         lock(&self.plan).clear();
+        lock(&self.hooks).clear();
         *lock(&self.crash) = None;
     }
 
@@ -176,6 +194,17 @@ impl FaultyStore {
             *c += 1;
             *c
         };
+        let hook = {
+            let mut hooks = lock(&self.hooks);
+            hooks
+                .iter()
+                .position(|(m, nth, _)| m == method && *nth == n)
+                .map(|i| hooks.remove(i).2)
+        };
+        if let Some(hook) = hook {
+            self.injected.fetch_add(1, Ordering::SeqCst);
+            hook().await;
+        }
         let mode = crashed.or_else(|| {
             lock(&self.plan)
                 .iter()

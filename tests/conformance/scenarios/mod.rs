@@ -23,6 +23,7 @@ mod step_failures;
 mod store_api;
 mod sweep;
 mod sweep_checks;
+mod sweep_workload;
 mod views;
 
 pub use batch_guards::*;

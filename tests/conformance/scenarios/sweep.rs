@@ -1,6 +1,7 @@
-//! The fault-point sweep (RELIABILITY.md §1): one small workload — a pipeline job whose step
-//! claims items and fans them out as a batch in chunks, a two-step job holding one claim, and
-//! two plain actions (one completes a free-standing claim explicitly) — is run once over a
+//! The fault-point sweep (RELIABILITY.md §1): one small workload ([`super::sweep_workload`]:
+//! a batch in chunks, a two-step job holding one claim, a job whose step fails until its
+//! retries run out, a batch the operator cancels mid-flight, a batch whose fan-out step the
+//! operator cancels and then retries by hand, and two plain actions) is run once over a
 //! [`FaultyStore`] without faults to learn its sequence of store calls; then, for every call of
 //! the methods in [`SWEPT`], on a fresh database, the workload is run with that call faulted
 //! (`FailBefore`, `ExecuteThenFail`, `Retryable`; the first call of each method also
@@ -9,7 +10,9 @@
 //! invariants of RELIABILITY.md §3 asserted (see [`invariants`]).
 //!
 //! Besides single faults, every such call is also a crash point: the call commits, then the
-//! process stops (every later store call fails) until a restarted runtime carries on.
+//! process stops (every later store call fails) until a restarted runtime carries on. And a
+//! call of a [`FIRST_OF_TWO`] method that fails is followed by a second fault in its recovery:
+//! the next call of each [`RECOVERY`] method fails too.
 //!
 //! Each point starts from an emptied database (every table cleared, the clock reset); the
 //! points run in [`WORKERS`] shards on separate databases. One summary line per backend goes
@@ -17,43 +20,20 @@
 //! checks. A point that breaks an invariant is a bug: keep it as a named `sweep_regression_*`
 //! scenario here (none so far).
 
-use super::sweep_checks::{actions, all_jobs, invariants, settled};
+use super::sweep_checks::{all_jobs, invariants, settled};
+use super::sweep_workload::{
+    cancel_batch, cancel_invariant, items, produce, retry_refan_step, runtime, Operator,
+    LEDGER_DDL, NS,
+};
 use crate::harness::{t0, TestDb};
-use async_trait::async_trait;
 use dockhand::batch::recovery::RecoverOptions;
-use dockhand::claims::ledger::TrackedItems;
-use dockhand::claims::{
-    ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionContext, CompletionHandler,
-    CompletionTx,
-};
-use dockhand::store::faulty::{FaultMode, FaultyStore};
-use dockhand::{
-    ActionSpec, CompletionConfig, DynStore, HandlerError, Packet, Pipeline, Runtime, StepOutput,
-};
-use dockhand::{Clock, Identity, TestClock};
-use serde_json::json;
+use dockhand::store::faulty::{CallHook, FaultMode, FaultyStore};
+use dockhand::Runtime;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Items the split step claims and fans out.
-pub(super) const ITEMS: usize = 5;
-/// The item of the two-step `solo` job.
-const SOLO_ITEM: &str = "solo-0";
-/// The item the second plain action claims and completes without a job.
-const FREE_ITEM: &str = "free-0";
-/// The pipelines the producer starts one job of.
-const PIPELINES: [&str; 2] = ["sweep", "solo"];
-/// Worklist rows per chunk action.
-const CHUNK: u32 = 2;
-/// Unique keys of the plain actions the workload enqueues.
-pub(super) const PLAIN: [&str; 2] = ["plain-a", "plain-b"];
-/// The hook of the plain actions.
-pub(super) const PLAIN_HOOK: &str = "sweep.plain";
-/// The ledger namespace and claim scope of the workload.
-pub(super) const NS: &str = "sweep";
-pub(super) const SCOPE: &str = "shared:sweep";
 /// Drive rounds (each: drain, recover-stuck, clock forward) before giving up.
 const MAX_ROUNDS: usize = 12;
 /// Runs per drain.
@@ -89,6 +69,34 @@ pub const SWEPT: &[&str] = &[
     "cleanup_worklist",
 ];
 
+/// Methods whose failing call is followed by a second fault in its recovery ([`Point::Double`]):
+/// the batch and bridge transitions whose failure routes write again.
+pub const FIRST_OF_TWO: &[&str] = &[
+    "schedule_chunk",
+    "create_child",
+    "settle_work",
+    "fence_batch",
+    "abort_batch",
+    "finish_job",
+    "fan_out",
+];
+
+/// The batch engine's writes the operator's cancel is landed right before
+/// ([`Point::CancelBefore`]): a chunk or child whose run is under way when the cancel commits.
+pub const INTERLEAVED: &[&str] = &[
+    "lease_work",
+    "create_child",
+    "settle_work",
+    "schedule_chunk",
+    "fence_batch",
+    "start_step",
+    "finish_job",
+];
+
+/// The writes a failure route makes (re-arming an action, finishing a job through the
+/// bridge, failing a batch): each gets the second fault of a [`Point::Double`].
+pub const RECOVERY: &[&str] = &["finish_job", "enqueue", "abort_batch", "schedule_chunk"];
+
 /// Maintenance methods run on every drain round; only their first calls are swept (later
 /// ones repeat the same situation).
 const MAINTENANCE: &[&str] = &["reap_expired", "mark_event_delivered", "cleanup_worklist"];
@@ -99,152 +107,6 @@ const MAINTENANCE_CALLS: u64 = 2;
 /// action leases (30 s) and the test backoff.
 fn round() -> chrono::Duration {
     chrono::Duration::minutes(31)
-}
-
-/// A completion handler that writes the tracked-items ledger and appends a row to
-/// `sweep_ledger`, a table without a unique constraint, in the claim's own transaction: a
-/// duplicate side effect is counted, not hidden.
-struct SweepLedger;
-
-const LEDGER_DDL: &str = "CREATE TABLE sweep_ledger (item_id VARCHAR(64) NOT NULL, \
-                          token VARCHAR(128) NOT NULL, job_id BIGINT)";
-
-#[async_trait]
-impl CompletionHandler for SweepLedger {
-    async fn complete(
-        &self,
-        tx: CompletionTx<'_>,
-        ctx: &CompletionContext,
-    ) -> dockhand::claims::CompletionResult {
-        let item = ctx.identity.item_id.as_str();
-        let token = ctx.token.as_str();
-        let err = |e: sqlx::Error| e.to_string();
-        let tx = match tx {
-            CompletionTx::Sqlite(c) => {
-                sqlx::query("INSERT INTO sweep_ledger (item_id, token, job_id) VALUES (?, ?, ?)")
-                    .bind(item)
-                    .bind(token)
-                    .bind(ctx.job_id)
-                    .execute(&mut *c)
-                    .await
-                    .map_err(err)?;
-                CompletionTx::Sqlite(c)
-            }
-            CompletionTx::Postgres(c) => {
-                sqlx::query(
-                    "INSERT INTO sweep_ledger (item_id, token, job_id) VALUES ($1, $2, $3)",
-                )
-                .bind(item)
-                .bind(token)
-                .bind(ctx.job_id)
-                .execute(&mut *c)
-                .await
-                .map_err(err)?;
-                CompletionTx::Postgres(c)
-            }
-            CompletionTx::MySql(c) => {
-                sqlx::query("INSERT INTO sweep_ledger (item_id, token, job_id) VALUES (?, ?, ?)")
-                    .bind(item)
-                    .bind(token)
-                    .bind(ctx.job_id)
-                    .execute(&mut *c)
-                    .await
-                    .map_err(err)?;
-                CompletionTx::MySql(c)
-            }
-            _ => return Err("sweep ledger: unknown backend".into()),
-        };
-        TrackedItems.complete(tx, ctx).await
-    }
-}
-
-fn ledger_config() -> CompletionConfig {
-    CompletionConfig {
-        handler: Some("sweep_ledger".into()),
-        payload: json!({"namespace": NS, "revision": 1}),
-        retain_processed: true,
-    }
-}
-
-/// `split` claims the items and emits one packet per item carrying its claim (a batch in
-/// chunks of [`CHUNK`]); `child` succeeds, which completes the item's claim.
-fn pipeline() -> Pipeline {
-    Pipeline::new("sweep")
-        .step("split", |ctx| async move {
-            let mut out = Vec::new();
-            for i in 0..ITEMS {
-                let d = ctx
-                    .claim_in(SCOPE, "src", &format!("item-{i}"), ledger_config())
-                    .await
-                    .map_err(HandlerError::retry)?
-                    .ok_or_else(|| HandlerError::retry("item held"))?;
-                out.push(Packet::new(json!({"i": i})).with_claim(d));
-            }
-            Ok(StepOutput::Packets(out))
-        })
-        .step("child", |_ctx| async { Ok(StepOutput::one(json!({}))) })
-        .chunk_size(CHUNK)
-}
-
-/// `solo` claims one item and moves on to a second step (a step advance); finishing the job
-/// completes the claim.
-fn solo() -> Pipeline {
-    Pipeline::new("solo")
-        .step("take", |ctx| async move {
-            ctx.claim_in(SCOPE, "src", SOLO_ITEM, ledger_config())
-                .await
-                .map_err(HandlerError::retry)?
-                .ok_or_else(|| HandlerError::retry("item held"))?;
-            Ok(StepOutput::one(json!({})))
-        })
-        .step("done", |_ctx| async { Ok(StepOutput::one(json!({}))) })
-}
-
-/// Every item the workload claims: the batch's, the solo job's and the free-standing one.
-pub(super) fn items() -> Vec<String> {
-    let mut v: Vec<String> = (0..ITEMS).map(|i| format!("item-{i}")).collect();
-    v.extend([SOLO_ITEM.to_string(), FREE_ITEM.to_string()]);
-    v
-}
-
-/// The second plain action's work: a free-standing claim (no job) completed explicitly with
-/// the ledger handler; retried while someone holds the item, done once it is processed.
-async fn free_claim(store: DynStore, clock: TestClock) -> Result<(), HandlerError> {
-    let identity = Identity::new(SCOPE, "src", FREE_ITEM).map_err(HandlerError::fatal)?;
-    let req = ClaimItemRequest {
-        identity,
-        job_id: None,
-        ttl: chrono::Duration::minutes(10),
-        completion: ledger_config(),
-        reprocess: false,
-        run: None,
-    };
-    match store
-        .claim_item(&req, clock.now())
-        .await
-        .map_err(HandlerError::retry)?
-    {
-        ClaimOutcome::Claimed(d) => {
-            let handler: Arc<dyn CompletionHandler> = Arc::new(SweepLedger);
-            match store
-                .complete_claim(&d, Some(handler), clock.now())
-                .await
-                .map_err(HandlerError::retry)?
-            {
-                CompleteOutcome::Completed => Ok(()),
-                CompleteOutcome::Lost => Err(HandlerError::retry("claim lost")),
-            }
-        }
-        ClaimOutcome::AlreadyProcessed => Ok(()),
-        ClaimOutcome::HeldByOther => Err(HandlerError::retry("item held")),
-        ClaimOutcome::JobNotLive { job_id, .. } => Err(HandlerError::fatal(format!(
-            "no job owns this claim, yet job {job_id} refused it"
-        ))),
-    }
-}
-
-fn plain(key: &str) -> ActionSpec {
-    ActionSpec::new(PLAIN_HOOK, json!({"key": key})).unique_key(key)
 }
 
 /// What a sweep run injects.
@@ -260,12 +122,26 @@ pub enum Point {
     /// its caller sees an error, and no later call runs until a restarted runtime carries on.
     /// (Crashing before call k leaves the state of crashing after call k - 1.)
     Crash { method: &'static str, at: u64 },
+    /// The operator cancels the `cancel` batch right before the `nth` call of `method` runs
+    /// (between two store calls of whatever handler makes it).
+    CancelBefore { method: &'static str, nth: u64 },
+    /// The `nth` call of `method` fails (`FailBefore`), and so does the `then_nth` call of
+    /// `then`: the first call of it after the first fault, made by whatever recovers from it.
+    Double {
+        method: &'static str,
+        nth: u64,
+        then: &'static str,
+        then_nth: u64,
+    },
 }
 
 impl Point {
     fn method(&self) -> &'static str {
         match self {
-            Point::Fault { method, .. } | Point::Crash { method, .. } => method,
+            Point::Fault { method, .. }
+            | Point::Crash { method, .. }
+            | Point::CancelBefore { method, .. }
+            | Point::Double { method, .. } => method,
         }
     }
 }
@@ -319,29 +195,59 @@ pub async fn run_point(db: &TestDb, point: Option<Point>) -> RunReport {
         None => {}
         Some(Point::Fault { method, nth, mode }) => faulty.fail_nth(method, nth, mode),
         Some(Point::Crash { at, .. }) => faulty.crash_at(at, FaultMode::ExecuteThenFail),
+        Some(Point::CancelBefore { .. }) => {}
+        Some(Point::Double {
+            method,
+            nth,
+            then,
+            then_nth,
+        }) => {
+            faulty.fail_nth(method, nth, FaultMode::FailBefore);
+            faulty.fail_nth(then, then_nth, FaultMode::FailBefore);
+        }
     }
     let crash = matches!(point, Some(Point::Crash { .. }));
-    let rt = runtime(db, &faulty).await;
+    let operator = Arc::new(Operator::default());
+    if let Some(Point::CancelBefore { method, nth }) = point {
+        let (store, clock, operator) = (db.store.clone(), db.clock.clone(), operator.clone());
+        let hook: CallHook = Arc::new(move || {
+            let (store, clock, operator) = (store.clone(), clock.clone(), operator.clone());
+            Box::pin(async move {
+                let _ = cancel_batch(store, clock, operator).await;
+            })
+        });
+        faulty.before_call(method, nth, hook);
+    }
+    let rt = runtime(db, &faulty, &operator).await;
     // The producer: one job and the plain actions, each failure retried once at once.
     produce(db, &rt).await;
     let mut rescued = 0;
-    let _ = drive(db, &rt, true, crash.then_some(&*faulty), &mut rescued).await;
+    let _ = drive(
+        db,
+        &rt,
+        &operator,
+        true,
+        crash.then_some(&*faulty),
+        &mut rescued,
+    )
+    .await;
     let log = faulty.call_log();
     faulty.heal();
     // After a crash, a restarted process: a new runtime, and the producer re-submits what it
     // cannot find.
     let rt = if crash {
-        let rt = runtime(db, &faulty).await;
+        let rt = runtime(db, &faulty, &operator).await;
         produce(db, &rt).await;
         rt
     } else {
         rt
     };
     let mut violations = Vec::new();
-    if let Err(e) = drive(db, &rt, false, None, &mut rescued).await {
+    if let Err(e) = drive(db, &rt, &operator, false, None, &mut rescued).await {
         violations.push(format!("drain after heal: {e}"));
     }
     violations.extend(invariants(db).await);
+    violations.extend(cancel_invariant(db, &operator).await);
     let outcome = all_jobs(db)
         .await
         .into_iter()
@@ -389,59 +295,13 @@ async fn drain(rt: &Runtime) -> dockhand::Result<()> {
     }
 }
 
-/// The workload's runtime over the fault-injecting store (one action at a time, so the call
-/// sequence is the same on every run).
-async fn runtime(db: &TestDb, faulty: &Arc<FaultyStore>) -> Runtime {
-    let (store, clock) = (faulty.clone() as DynStore, db.clock.clone());
-    db.runtime_on(faulty.clone() as DynStore)
-        .concurrency(1)
-        .pipeline(pipeline())
-        .pipeline(solo())
-        .completion_handler("sweep_ledger", Arc::new(SweepLedger))
-        .handler(PLAIN_HOOK, move |ctx| {
-            let (store, clock) = (store.clone(), clock.clone());
-            async move {
-                match ctx.args["key"] == PLAIN[1] {
-                    true => free_claim(store, clock).await,
-                    false => Ok(()),
-                }
-            }
-        })
-        .build()
-        .await
-        .unwrap()
-}
-
-/// The producer: starts a job of each pipeline unless one exists, and enqueues each plain action unless one
-/// with its key exists; a failed call is retried once at once (a job start has no idempotency
-/// key, so it is retried only when no job was stored).
-async fn produce(db: &TestDb, rt: &Runtime) {
-    for p in PIPELINES {
-        let exists = |jobs: Vec<dockhand::jobs::Job>| jobs.iter().any(|j| j.pipeline == p);
-        if !exists(all_jobs(db).await)
-            && rt.jobs().start(p, json!({})).await.is_err()
-            && !exists(all_jobs(db).await)
-        {
-            let _ = rt.jobs().start(p, json!({})).await;
-        }
-    }
-    let existing = actions(db, Some(PLAIN_HOOK), Vec::new()).await;
-    for key in PLAIN {
-        if existing.iter().any(|a| a.args["key"] == key) {
-            continue;
-        }
-        if rt.queue().enqueue(plain(key)).await.is_err() {
-            let _ = rt.queue().enqueue(plain(key)).await;
-        }
-    }
-}
-
 /// Drains, lets the operator recover stranded jobs, and moves the clock on, until nothing is
 /// left to do. With `tolerate`, store errors (the injected fault) are ignored; with `crashed`,
 /// it stops once that store has crashed. Adds the jobs `recover-stuck` moved to `rescued`.
 async fn drive(
     db: &TestDb,
     rt: &Runtime,
+    operator: &Operator,
     tolerate: bool,
     crashed: Option<&FaultyStore>,
     rescued: &mut u64,
@@ -456,6 +316,8 @@ async fn drive(
             Err(e) if !tolerate => return Err(format!("drain: {e}")),
             _ => {}
         }
+        // The operator retries the cancelled fan-out step by hand while its batch runs.
+        retry_refan_step(db, rt, operator).await;
         if crashed.is_some_and(|f| f.injected() > 0) || settled(db).await {
             return Ok(());
         }
@@ -482,7 +344,8 @@ async fn drive(
 /// (the process had nothing in flight: a clean stop).
 pub fn points(log: &[&'static str]) -> Vec<Point> {
     let mut seen: BTreeMap<&str, u64> = BTreeMap::new();
-    let (mut faults, mut crashes) = (Vec::new(), Vec::new());
+    let (mut faults, mut crashes, mut doubles, mut interleaved) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (k, method) in log.iter().enumerate() {
         let nth = seen.entry(method).or_default();
         *nth += 1;
@@ -518,8 +381,26 @@ pub fn points(log: &[&'static str]) -> Vec<Point> {
                 at: k as u64 + 1,
             });
         }
+        if INTERLEAVED.contains(method) {
+            interleaved.push(Point::CancelBefore { method, nth: *nth });
+        }
+        if FIRST_OF_TWO.contains(method) {
+            for then in RECOVERY {
+                // The next call of `then` after this one: the calls before the fault are the
+                // counting pass's, so it is the one after `then`'s calls so far.
+                let so_far = log[..=k].iter().filter(|m| *m == then).count() as u64;
+                doubles.push(Point::Double {
+                    method,
+                    nth: *nth,
+                    then,
+                    then_nth: so_far + 1,
+                });
+            }
+        }
     }
     faults.extend(crashes);
+    faults.extend(doubles);
+    faults.extend(interleaved);
     faults
 }
 
@@ -537,13 +418,23 @@ pub async fn sweep_fault_points(db: TestDb) {
         clean.violations
     );
     assert_eq!(
-        clean.outcome, "solo completed + sweep completed, 7/7 items",
+        clean.outcome,
+        "cancel cancelled/manual + doomed failed/retry_exhausted + refan completed + \
+         solo completed + sweep completed, 10/14 items",
         "the workload without faults"
     );
     let all = points(&clean.log);
     let crashes = all
         .iter()
         .filter(|p| matches!(p, Point::Crash { .. }))
+        .count();
+    let doubles = all
+        .iter()
+        .filter(|p| matches!(p, Point::Double { .. }))
+        .count();
+    let interleaved = all
+        .iter()
+        .filter(|p| matches!(p, Point::CancelBefore { .. }))
         .count();
     let mut per_method: BTreeMap<&str, usize> = BTreeMap::new();
     for p in &all {
@@ -583,8 +474,24 @@ pub async fn sweep_fault_points(db: TestDb) {
             match p {
                 // The process went on after a single fault: it must have left a durable
                 // wake-up (RELIABILITY.md §1); needing the operator is a failure.
+                Point::Double { method, then, .. } if r.rescued > 0 => {
+                    *rescued.entry(format!("{method} then {then}")).or_default() += 1;
+                    failing.push(format!(
+                        "{p:?}: only recover-stuck moved {} job(s) on",
+                        r.rescued
+                    ));
+                }
                 Point::Fault { method, mode, .. } if r.rescued > 0 => {
                     *rescued.entry(format!("{method} {mode:?}")).or_default() += 1;
+                    failing.push(format!(
+                        "{p:?}: only recover-stuck moved {} job(s) on",
+                        r.rescued
+                    ));
+                }
+                Point::CancelBefore { method, .. } if r.rescued > 0 => {
+                    *rescued
+                        .entry(format!("cancel before {method}"))
+                        .or_default() += 1;
                     failing.push(format!(
                         "{p:?}: only recover-stuck moved {} job(s) on",
                         r.rescued
@@ -603,12 +510,14 @@ pub async fn sweep_fault_points(db: TestDb) {
     let _ = writeln!(
         std::io::stderr(),
         "sweep[{kind:?}]: {} store calls in the workload; {} points swept ({} faults: \
-         FailBefore, ExecuteThenFail, Retryable, Delay; {} crashes); {fired} faults injected, {} not exercised, \
+         FailBefore, ExecuteThenFail, Retryable, Delay; {} crashes; {doubles} double faults; \
+         {interleaved} cancels between two store calls); \
+         {fired} faults injected, {} not exercised, \
          {} failing; outcomes {outcomes:?}; repaired only by recover-stuck: faults {rescued:?}, \
          {crash_rescued} crashes; points by method {per_method:?}; {:.1}s",
         clean.log.len(),
         all.len(),
-        all.len() - crashes,
+        all.len() - crashes - doubles - interleaved,
         crashes,
         all.len() - fired,
         failing.len(),

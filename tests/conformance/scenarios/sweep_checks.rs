@@ -1,7 +1,7 @@
 //! The invariant checks of the fault-point sweep (RELIABILITY.md §3), run against the database
 //! after a sweep point was healed and drained, and the reads they and the driver share.
 
-use super::sweep::{items, NS, PLAIN, PLAIN_HOOK, SCOPE};
+use super::sweep_workload::{items, NS, PLAIN, PLAIN_HOOK, SCOPE};
 use crate::harness::TestDb;
 use dockhand::claims::{ClaimFilter, ClaimStatus};
 use dockhand::jobs::JobFilter;
