@@ -1,7 +1,6 @@
 //! The fault-point sweep (RELIABILITY.md §1): one small workload ([`super::sweep_workload`]:
 //! a batch in chunks, a two-step job holding one claim, a job whose step fails until its
-//! retries run out, a batch the operator cancels mid-flight, a batch whose fan-out step the
-//! operator cancels and then retries by hand, and two plain actions) is run once over a
+//! retries run out, a batch the operator cancels mid-flight, and two plain actions) is run once over a
 //! [`FaultyStore`] without faults to learn its sequence of store calls; then, for every call of
 //! the methods in [`SWEPT`], on a fresh database, the workload is run with that call faulted
 //! (`FailBefore`, `ExecuteThenFail`, `Retryable`; the first call of each method also
@@ -22,8 +21,7 @@
 
 use super::sweep_checks::{all_jobs, invariants, settled};
 use super::sweep_workload::{
-    cancel_batch, cancel_invariant, items, produce, retry_refan_step, runtime, Operator,
-    LEDGER_DDL, NS,
+    cancel_batch, cancel_invariant, items, produce, runtime, Operator, LEDGER_DDL, NS,
 };
 use crate::harness::{t0, TestDb};
 use dockhand::batch::recovery::RecoverOptions;
@@ -222,15 +220,7 @@ pub async fn run_point(db: &TestDb, point: Option<Point>) -> RunReport {
     // The producer: one job and the plain actions, each failure retried once at once.
     produce(db, &rt).await;
     let mut rescued = 0;
-    let _ = drive(
-        db,
-        &rt,
-        &operator,
-        true,
-        crash.then_some(&*faulty),
-        &mut rescued,
-    )
-    .await;
+    let _ = drive(db, &rt, true, crash.then_some(&*faulty), &mut rescued).await;
     let log = faulty.call_log();
     faulty.heal();
     // After a crash, a restarted process: a new runtime, and the producer re-submits what it
@@ -243,7 +233,7 @@ pub async fn run_point(db: &TestDb, point: Option<Point>) -> RunReport {
         rt
     };
     let mut violations = Vec::new();
-    if let Err(e) = drive(db, &rt, &operator, false, None, &mut rescued).await {
+    if let Err(e) = drive(db, &rt, false, None, &mut rescued).await {
         violations.push(format!("drain after heal: {e}"));
     }
     violations.extend(invariants(db).await);
@@ -301,7 +291,6 @@ async fn drain(rt: &Runtime) -> dockhand::Result<()> {
 async fn drive(
     db: &TestDb,
     rt: &Runtime,
-    operator: &Operator,
     tolerate: bool,
     crashed: Option<&FaultyStore>,
     rescued: &mut u64,
@@ -316,8 +305,6 @@ async fn drive(
             Err(e) if !tolerate => return Err(format!("drain: {e}")),
             _ => {}
         }
-        // The operator retries the cancelled fan-out step by hand while its batch runs.
-        retry_refan_step(db, rt, operator).await;
         if crashed.is_some_and(|f| f.injected() > 0) || settled(db).await {
             return Ok(());
         }
@@ -419,8 +406,8 @@ pub async fn sweep_fault_points(db: TestDb) {
     );
     assert_eq!(
         clean.outcome,
-        "cancel cancelled/manual + doomed failed/retry_exhausted + refan completed + \
-         solo completed + sweep completed, 10/14 items",
+        "cancel cancelled/manual + doomed failed/retry_exhausted + solo completed + \
+         sweep completed, 7/11 items",
         "the workload without faults"
     );
     let all = points(&clean.log);
