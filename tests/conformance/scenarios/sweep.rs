@@ -81,19 +81,11 @@ pub const FIRST_OF_TWO: &[&str] = &[
 
 /// The batch engine's writes the operator's cancel is landed right before
 /// ([`Point::CancelBefore`]): a chunk or child whose run is under way when the cancel commits.
-pub const INTERLEAVED: &[&str] = &[
-    "lease_work",
-    "create_child",
-    "settle_work",
-    "schedule_chunk",
-    "fence_batch",
-    "start_step",
-    "finish_job",
-];
+pub const INTERLEAVED: &[&str] = &["lease_work", "create_child", "settle_work", "start_step"];
 
 /// The writes a failure route makes (re-arming an action, finishing a job through the
 /// bridge, failing a batch): each gets the second fault of a [`Point::Double`].
-pub const RECOVERY: &[&str] = &["finish_job", "enqueue", "abort_batch", "schedule_chunk"];
+pub const RECOVERY: &[&str] = &["finish_job", "schedule_chunk"];
 
 /// Maintenance methods run on every drain round; only their first calls are swept (later
 /// ones repeat the same situation).

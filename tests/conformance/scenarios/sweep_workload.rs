@@ -294,10 +294,12 @@ pub(super) async fn cancel_invariant(db: &TestDb, operator: &Operator) -> Vec<St
         return Vec::new();
     };
     let jobs = all_jobs(db).await;
-    let Some(parent) = jobs
-        .iter()
-        .find(|j| j.pipeline == "cancel" && j.parent_id.is_none())
-    else {
+    // Only a batch the cancel stopped: one stopped before by a failed chunk enqueue ends
+    // `failed/batch_schedule_failed` (B6: that outcome wins) and its active children finish
+    // as B3 lets them.
+    let Some(parent) = jobs.iter().find(|j| {
+        j.pipeline == "cancel" && j.parent_id.is_none() && j.status == JobStatus::Cancelled
+    }) else {
         return Vec::new();
     };
     let mut v = Vec::new();
