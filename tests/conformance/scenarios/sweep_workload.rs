@@ -13,7 +13,7 @@
 //!   or complete after it (B5).
 //!
 //! (A fan-out step cancelled while it runs and retried by hand by the operator was part of
-//! this workload in commit e9f16ba and left its retried step action pending for good; see
+//! this workload in commit 495262f and left its retried step action pending for good; see
 //! docs/STATUS.md. Defect 9 keeps its deterministic regression in the batch scenarios.)
 //! - two plain actions; the second claims and completes a free-standing item (no job).
 
