@@ -16,7 +16,7 @@ pub(super) async fn prune_jobs(store: &MySqlStore, c: &PruneCutoffs) -> Result<J
         // Final jobs past their cutoff, roots or children whose parent is gone, with no
         // undelivered event; oldest first, locked so two pruners take different batches.
         let ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT j.id FROM dockhand_jobs j
+            "SELECT j.id FROM dockhand_jobs j FORCE INDEX (dockhand_jobs_finished)
               WHERE j.finished_at IS NOT NULL AND j.finished_at < GREATEST(?, ?)
                 AND ((j.status IN ('completed', 'completed_no_items', 'skipped', 'cancelled')
                       AND j.finished_at < ?)

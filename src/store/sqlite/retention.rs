@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 
 /// Final jobs past their cutoff, roots or children whose parent is gone, with no undelivered
 /// event; oldest first.
-const CANDIDATES: &str = "SELECT j.id FROM dockhand_jobs j
+/// `INDEXED BY`: otherwise SQLite picks the status index for the `OR` and sorts every final
+/// job by finish time for each batch (10 s per batch at 1,000,000 jobs; 8 ms with the index).
+const CANDIDATES: &str = "SELECT j.id FROM dockhand_jobs j INDEXED BY dockhand_jobs_finished
      WHERE j.finished_at IS NOT NULL AND j.finished_at < max(?1, ?2)
        AND ((j.status IN ('completed', 'completed_no_items', 'skipped', 'cancelled')
              AND j.finished_at < ?1)
