@@ -1,6 +1,6 @@
 //! Named crash points for the chaos run (RELIABILITY.md §2).
 //!
-//! With the `failpoints` feature, each [`crash`] call is a [`fail`] crate failpoint: a worker
+//! With the `failpoints` feature, each [`crash`] call is a `fail` crate failpoint: a worker
 //! started with `FAILPOINTS="runner.after_claim=2%return"` (see [`configure_from_env`]) exits
 //! at once, without cleanup, when the point fires — a process dying exactly there. Without the
 //! feature, [`crash`] compiles to nothing.

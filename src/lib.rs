@@ -1,8 +1,13 @@
 //! # dockhand
 //!
 //! A durable task-queue runtime for tokio programs: named actions with JSON args, run by
-//! handlers you register, stored in SQLite (the embedded default) or PostgreSQL (many runners
-//! on many machines sharing one queue).
+//! handlers you register, stored in SQLite (the embedded default), PostgreSQL (many runners
+//! on many machines sharing one queue) or MySQL 8 / MariaDB 10.6+. Pipelines of steps run as
+//! jobs ([`Jobs`], [`Pipeline`]) whose steps can claim source items and fan out into batches
+//! of child jobs; every final status passes through one terminal bridge.
+//!
+//! Features: `ui` (the operator dashboard: `ui::router` and `dockhand ui`), `failpoints`
+//! (named crash points for `dockhand chaos`).
 //!
 //! ```no_run
 //! use dockhand::{ActionSpec, HandlerError, Runtime};
@@ -32,12 +37,17 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod action;
 pub mod backoff;
 pub mod batch;
+// The doc comments of clap arguments are --help text: `<backend>-<seed>` there is a
+// placeholder, not an HTML tag.
+#[allow(rustdoc::invalid_html_tags)]
 pub mod chaos;
 pub mod claims;
+#[allow(rustdoc::invalid_html_tags)]
 pub mod cli;
 pub mod clock;
 mod cron_dow;

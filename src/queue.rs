@@ -11,6 +11,34 @@ use chrono::{DateTime, Utc};
 use std::sync::Arc;
 
 /// A handle on the queue: enqueue, unschedule, query. Cheap to clone.
+///
+/// Usable without workers (a web handler that only enqueues):
+///
+/// ```no_run
+/// use dockhand::{ActionSpec, Queue, Recurrence, ScheduleSpec};
+/// use serde_json::json;
+///
+/// # async fn demo() -> dockhand::Result<()> {
+/// let queue = Queue::new(dockhand::connect("sqlite:dockhand.db").await?);
+/// // once, in ten minutes, in its own group, at most one pending copy of these args
+/// let id = queue
+///     .enqueue(
+///         ActionSpec::new("report.build", json!({"day": "2026-12-03"}))
+///             .after(chrono::Duration::minutes(10))
+///             .group("reports")
+///             .unique(),
+///     )
+///     .await?;
+/// // every weekday at 06:00 Berlin time
+/// queue
+///     .schedule(
+///         ScheduleSpec::new("report.mail", json!({}), Recurrence::cron("0 6 * * 1-5", "Europe/Berlin")?)
+///             .name("weekday-mail"),
+///     )
+///     .await?;
+/// println!("{:?}", queue.get(id).await?.status);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Queue {
     store: DynStore,

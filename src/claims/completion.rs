@@ -1,7 +1,7 @@
 //! Completion handlers (C3, C4, C8): user code that runs inside the transaction completing a
 //! claim, what it is told ([`CompletionContext`]), the transaction it writes on
 //! ([`CompletionTx`]), how it fails ([`CompletionError`]: transient or permanent), the registry
-//! of handlers by id, and [`run_in_tx`], the one place the stores call a handler (a panic is
+//! of handlers by id, and `run_in_tx`, the one place the stores call a handler (a panic is
 //! caught and becomes a permanent failure; a transient failure becomes
 //! [`Error::TransientCompletion`], on which the store re-runs its whole transaction).
 

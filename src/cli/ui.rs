@@ -69,6 +69,7 @@ pub struct UiArgs {
     /// `/` and segments of letters, digits, - _ . ~ (no empty, `.` or `..` segment).
     #[arg(long, value_name = "PATH", default_value = "/", value_parser = parse_base_path)]
     pub base_path: String,
+    #[allow(rustdoc::broken_intra_doc_links)] // `[::1]` is --help text, not a link
     /// Also answer to this Host name, for a deliberate reverse-proxy setup: NAME (any port) or
     /// NAME:PORT. Repeatable. Without credentials the dashboard answers only to localhost,
     /// 127.0.0.1, [::1] and the bound address, with the bound port, and refuses any other

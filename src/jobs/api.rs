@@ -34,6 +34,22 @@ impl StartOptions {
 }
 
 /// A handle on jobs and item claims. Cheap to clone.
+///
+/// ```no_run
+/// use dockhand::{Runtime, StartOptions};
+/// use serde_json::json;
+///
+/// # async fn demo(runtime: Runtime) -> dockhand::Result<()> {
+/// let jobs = runtime.jobs();
+/// // a retried request with the same key gets the same job back, never a second job
+/// let job = jobs
+///     .start_with("import", json!({"feed": "news"}), &StartOptions::idempotency_key("import:news:2026-12-03"))
+///     .await?;
+/// let stored = jobs.get(job).await?;
+/// println!("job {job} is {:?} at step {}", stored.status, stored.step_index);
+/// jobs.cancel(job).await?; // batch-aware: a fanned-out job stops its children too
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Jobs {
     engine: Arc<Engine>,

@@ -82,6 +82,27 @@ pub struct Step {
 }
 
 /// A named, ordered list of steps.
+///
+/// A step that returns several packets fans out into a batch of child jobs (each runs the
+/// remaining steps), `chunk_size` children at a time:
+///
+/// ```
+/// use dockhand::{Packet, Pipeline, StepOutput};
+/// use serde_json::json;
+///
+/// let pipeline = Pipeline::new("thumbnails")
+///     .chunk_size(100)
+///     .max_attempts(5)
+///     .step("list", |ctx| async move {
+///         let n = ctx.input()["count"].as_u64().unwrap_or(0);
+///         Ok(StepOutput::Packets((0..n).map(|i| Packet::new(json!({"image": i}))).collect()))
+///     })
+///     .step("resize", |ctx| async move {
+///         println!("resizing {}", ctx.input()["image"]);
+///         Ok(StepOutput::none())
+///     });
+/// assert_eq!(format!("{pipeline:?}"), r#"Pipeline { name: "thumbnails", steps: ["list", "resize"] }"#);
+/// ```
 #[derive(Clone)]
 pub struct Pipeline {
     pub(crate) name: String,

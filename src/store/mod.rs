@@ -401,7 +401,7 @@ pub trait Store: Send + Sync + 'static {
     /// idx order: state `leased`, owner [`crate::batch::chunk_owner`]`(chunk.id)`,
     /// `lease_until`. Fenced by the chunk action's lease: unless action `chunk.id` is `running`
     /// with `lease_token = chunk.token`, nothing is leased and the result is
-    /// [`Error::LeaseLost`](crate::Error::LeaseLost) (a stale attempt must not take rows).
+    /// [`Error::LeaseLost`] (a stale attempt must not take rows).
     async fn lease_work(
         &self,
         parent: i64,
@@ -433,7 +433,7 @@ pub trait Store: Send + Sync + 'static {
     /// `ready`/`leased` row names (the discarded item's claims, and any the parent's step took
     /// without handing them to an item). Fenced like
     /// [`Store::lease_work`]: a chunk action that lost its lease gets
-    /// [`Error::LeaseLost`](crate::Error::LeaseLost) and changes nothing.
+    /// [`Error::LeaseLost`] and changes nothing.
     async fn settle_work(
         &self,
         parent: i64,

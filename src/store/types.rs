@@ -124,7 +124,7 @@ impl Lease {
     }
 }
 
-/// How a run ended, as written by [`Store::finish`].
+/// How a run ended, as written by [`crate::Store::finish`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Finish {
     /// Success: running → complete.

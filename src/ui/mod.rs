@@ -1,5 +1,5 @@
 //! The operator dashboard (issue 8; `ui` feature): server-rendered HTML pages over a
-//! [`DynStore`], for mounting in a host's axum application or serving with `dockhand ui`.
+//! [`DynStore`](crate::DynStore), for mounting in a host's axum application or serving with `dockhand ui`.
 //!
 //! ```no_run
 //! # async fn demo(runtime: dockhand::Runtime) -> Result<(), Box<dyn std::error::Error>> {
