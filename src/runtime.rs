@@ -10,7 +10,7 @@ use crate::handler::{ActionContext, HandlerResult, Registry};
 use crate::jobs::api::Jobs;
 use crate::jobs::engine::{Engine, LifecycleHook, LifecycleHooks, ReprocessContext, ReprocessFn};
 use crate::jobs::pipeline::{Pipeline, PipelineRegistry};
-use crate::jobs::{JobEvent, StepAction, FINISH_HOOK, STEP_HOOK};
+use crate::jobs::{JobEvent, StepAction, FINISH_HOOK, SCHEDULED_START_HOOK, STEP_HOOK};
 use crate::maintenance::{Maintenance, MaintenanceConfig, MaintenanceReport};
 use crate::queue::Queue;
 use crate::runner::{Runner, RunnerConfig};
@@ -265,6 +265,10 @@ impl RuntimeBuilder {
             let e = Arc::clone(&engine);
             self.registry
                 .insert(FINISH_HOOK, move |ctx| Arc::clone(&e).run_job_finish(ctx));
+            let jobs = crate::jobs::api::Jobs::new(Arc::clone(&engine));
+            self.registry.insert(SCHEDULED_START_HOOK, move |ctx| {
+                crate::jobs::scheduled::run_scheduled_start(jobs.clone(), ctx)
+            });
         }
         let maintenance = Arc::new(
             Maintenance::new(
@@ -300,15 +304,21 @@ impl RuntimeBuilder {
     }
 }
 
-/// How a runtime routes the job engine's actions (see [`crate::store::Routing`]): step and
-/// finish actions only of the pipelines it has (group `pipeline:<name>`), chunk and finalize
+/// How a runtime routes the job engine's actions (see [`crate::store::Routing`]): step,
+/// finish and scheduled-start actions only of the pipelines it has (group `pipeline:<name>`), chunk and finalize
 /// actions (group `dockhand.batch`) only when it has any pipeline. So runtimes with different
 /// pipeline sets share one database without failing each other's jobs, and a runtime without
 /// pipelines leaves the job engine's actions alone.
 fn engine_routing(pipelines: &PipelineRegistry) -> (Vec<String>, Vec<String>) {
-    let hooks = [STEP_HOOK, FINISH_HOOK, CHUNK_HOOK, FINALIZE_HOOK]
-        .map(String::from)
-        .to_vec();
+    let hooks = [
+        STEP_HOOK,
+        FINISH_HOOK,
+        SCHEDULED_START_HOOK,
+        CHUNK_HOOK,
+        FINALIZE_HOOK,
+    ]
+    .map(String::from)
+    .to_vec();
     let mut groups: Vec<String> = pipelines
         .pipelines
         .keys()

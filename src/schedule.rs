@@ -17,6 +17,7 @@
 
 use crate::action::{encode_args, validate_name, ActionSpec, PreparedAction};
 use crate::error::{Error, Result};
+use crate::jobs::scheduled::{ScheduledStartArgs, SCHEDULED_START_HOOK};
 use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
 use serde::Serialize;
@@ -206,6 +207,8 @@ pub struct ScheduleSpec {
     pub(crate) action: ActionSpec,
     pub(crate) recurrence: Recurrence,
     pub(crate) first_run: Option<DateTime<Utc>>,
+    /// Pipeline schedules only: skip an occurrence while the previous job is not final.
+    pub(crate) no_overlap: bool,
 }
 
 impl ScheduleSpec {
@@ -216,7 +219,55 @@ impl ScheduleSpec {
             action: ActionSpec::new(hook, args),
             recurrence,
             first_run: None,
+            no_overlap: false,
         }
+    }
+
+    /// A schedule named `name` whose occurrences each start a job of `pipeline` with `input`
+    /// (the pipeline must be registered on the runtimes that should run it: the occurrence is
+    /// routed like the pipeline's steps). At most one job per occurrence, however often the
+    /// occurrence's action runs (its idempotency key is `schedule:<name>:<occurrence ms>`);
+    /// see [`ScheduleSpec::no_overlap`].
+    ///
+    /// ```
+    /// use dockhand::{Recurrence, ScheduleSpec};
+    /// use serde_json::json;
+    ///
+    /// # fn demo() -> dockhand::Result<()> {
+    /// let nightly = ScheduleSpec::pipeline(
+    ///     "nightly-import",
+    ///     "import",
+    ///     json!({"feed": "https://example.com/feed.xml"}),
+    ///     Recurrence::cron("0 2 * * *", "Europe/Paris")?,
+    /// )
+    /// .no_overlap();
+    /// # let _ = nightly; Ok(()) }
+    /// ```
+    pub fn pipeline(
+        name: impl Into<String>,
+        pipeline: impl Into<String>,
+        input: Value,
+        recurrence: Recurrence,
+    ) -> Self {
+        let pipeline = pipeline.into();
+        let group = crate::jobs::StepAction::group_for(&pipeline);
+        let args = serde_json::json!({"pipeline": pipeline, "input": input});
+        Self {
+            name: Some(name.into()),
+            action: ActionSpec::new(SCHEDULED_START_HOOK, args).group(group),
+            recurrence,
+            first_run: None,
+            no_overlap: false,
+        }
+    }
+
+    /// Pipeline schedules ([`ScheduleSpec::pipeline`]): an occurrence that comes while a job
+    /// this schedule started is not final starts nothing (it is skipped, not postponed; the
+    /// check and the start are one transaction under the schedule's row lock). Refused by
+    /// [`ScheduleSpec::prepare`] on other schedules.
+    pub fn no_overlap(mut self) -> Self {
+        self.no_overlap = true;
+        self
     }
 
     /// Names the schedule; re-registering the same name updates it instead of adding one.
@@ -259,7 +310,7 @@ impl ScheduleSpec {
     /// Validates and resolves the spec against `now`.
     pub fn prepare(&self, now: DateTime<Utc>) -> Result<PreparedSchedule> {
         self.recurrence.validate()?;
-        let template = self.action.prepare(now)?;
+        let mut template = self.action.prepare(now)?;
         let name = match &self.name {
             Some(n) => {
                 validate_name("schedule name", n, false)?;
@@ -271,6 +322,17 @@ impl ScheduleSpec {
                 template.group.as_deref(),
             ),
         };
+        if template.hook == SCHEDULED_START_HOOK {
+            template = self.pipeline_template(&name, now)?;
+        } else if self.no_overlap {
+            return Err(Error::invalid(
+                "no_overlap",
+                format!(
+                    "schedule `{name}`: only a pipeline schedule (ScheduleSpec::pipeline) can skip \
+                     overlapping occurrences"
+                ),
+            ));
+        }
         let next_run_at = match (&self.recurrence, self.first_run) {
             (_, Some(at)) => at,
             (Recurrence::Interval { .. }, None) => now,
@@ -285,6 +347,32 @@ impl ScheduleSpec {
             recurrence: self.recurrence.clone(),
             next_run_at: crate::clock::to_millis(next_run_at),
         })
+    }
+}
+
+impl ScheduleSpec {
+    /// A pipeline schedule's occurrence template: its args carry the schedule's name and the
+    /// no-overlap option, its group is the pipeline's (what routes it to a runtime that has
+    /// the pipeline).
+    fn pipeline_template(&self, name: &str, now: DateTime<Utc>) -> Result<PreparedAction> {
+        let bad = |m: String| Error::invalid("schedule", format!("schedule `{name}`: {m}"));
+        let mut args: ScheduledStartArgs = serde_json::from_value(self.action.args.clone())
+            .map_err(|e| bad(format!("not a pipeline schedule's args: {e}")))?;
+        if args.pipeline.is_empty() {
+            return Err(bad("the pipeline name is empty".into()));
+        }
+        let group = crate::jobs::StepAction::group_for(&args.pipeline);
+        if self.action.group.as_deref() != Some(group.as_str()) {
+            return Err(bad(format!(
+                "a pipeline schedule's occurrences carry their pipeline's group `{group}` \
+                 (they are routed by it); do not set another group"
+            )));
+        }
+        args.schedule = name.to_string();
+        args.no_overlap = self.no_overlap;
+        let mut action = self.action.clone();
+        action.args = serde_json::to_value(&args).map_err(|e| bad(e.to_string()))?;
+        action.prepare(now)
     }
 }
 
@@ -398,6 +486,38 @@ pub fn recurrence_columns(
 #[cfg(test)]
 mod tests {
     use chrono::{Datelike, Weekday};
+
+    #[test]
+    fn pipeline_schedules_carry_their_name_group_and_option() {
+        let now = Utc.with_ymd_and_hms(2026, 3, 29, 10, 0, 0).unwrap();
+        let every = || Recurrence::every(Duration::minutes(5)).unwrap();
+        let p = ScheduleSpec::pipeline("nightly", "import", serde_json::json!({"a": 1}), every())
+            .no_overlap()
+            .prepare(now)
+            .unwrap();
+        assert_eq!(p.name, "nightly");
+        assert_eq!(p.template.hook, SCHEDULED_START_HOOK);
+        assert_eq!(p.template.group.as_deref(), Some("pipeline:import"));
+        let args: ScheduledStartArgs = serde_json::from_str(&p.template.args_json).unwrap();
+        assert_eq!(
+            args,
+            ScheduledStartArgs {
+                pipeline: "import".into(),
+                input: serde_json::json!({"a": 1}),
+                schedule: "nightly".into(),
+                no_overlap: true,
+            }
+        );
+
+        let plain = ScheduleSpec::new("mail", serde_json::json!({}), every()).no_overlap();
+        let e = plain.prepare(now).unwrap_err().to_string();
+        assert!(e.contains("no_overlap") && e.contains("pipeline"), "{e}");
+
+        let regrouped = ScheduleSpec::pipeline("n", "import", serde_json::json!({}), every())
+            .group("elsewhere");
+        let e = regrouped.prepare(now).unwrap_err().to_string();
+        assert!(e.contains("pipeline:import"), "{e}");
+    }
 
     #[test]
     fn weekday_crons_run_monday_to_friday_as_in_unix_cron() {

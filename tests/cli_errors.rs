@@ -291,3 +291,78 @@ fn help_documents_exit_statuses_and_the_cron_dst_rule() {
     let o = run(&mut dockhand(&["no-such-command"]));
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// `enqueue --pipeline` schedules jobs of a pipeline: it needs a recurrence and a name (usage
+/// errors naming them, exit 2) and takes no HOOK; a valid one is stored as a schedule of the
+/// scheduled-start hook in the pipeline's group.
+#[test]
+fn enqueue_pipeline_schedules_need_a_recurrence_and_a_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = migrated_sqlite(&dir);
+    let no_name = run(&mut dockhand(&[
+        "--database-url",
+        &url,
+        "enqueue",
+        "--pipeline",
+        "import",
+        "--every",
+        "1h",
+    ]));
+    assert_eq!(no_name.status.code(), Some(2), "{}", all_output(&no_name));
+    assert!(stderr(&no_name).contains("--name"), "{}", stderr(&no_name));
+    let no_recurrence = run(&mut dockhand(&[
+        "--database-url",
+        &url,
+        "enqueue",
+        "--pipeline",
+        "import",
+        "--name",
+        "n",
+    ]));
+    assert_eq!(no_recurrence.status.code(), Some(2));
+    let with_hook = run(&mut dockhand(&[
+        "--database-url",
+        &url,
+        "enqueue",
+        "mail",
+        "--pipeline",
+        "import",
+        "--name",
+        "n",
+        "--every",
+        "1h",
+    ]));
+    assert_eq!(with_hook.status.code(), Some(2));
+
+    let ok = run(&mut dockhand(&[
+        "--database-url",
+        &url,
+        "--json",
+        "enqueue",
+        "--pipeline",
+        "import",
+        "--name",
+        "nightly",
+        "--args",
+        r#"{"feed": "news"}"#,
+        "--cron",
+        "0 2 * * *",
+        "--no-overlap",
+    ]));
+    assert!(ok.status.success(), "{}", all_output(&ok));
+    let schedules = run(&mut dockhand(&[
+        "--database-url",
+        &url,
+        "--json",
+        "schedules",
+    ]));
+    let listed: serde_json::Value = serde_json::from_slice(&schedules.stdout).expect("json");
+    let s = &listed[0];
+    assert_eq!(s["hook"], "dockhand.job.scheduled_start", "{listed}");
+    assert_eq!(s["group"], "pipeline:import");
+    assert_eq!(
+        s["args"],
+        serde_json::json!({"pipeline": "import", "input": {"feed": "news"},
+                           "schedule": "nightly", "no_overlap": true})
+    );
+}

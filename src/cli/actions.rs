@@ -6,7 +6,7 @@ use super::table::{key_values, truncate, Table};
 use super::{CliError, EnqueueArgs, ListArgs, Output};
 use crate::action::{parse_args, ActionQuery};
 use crate::state::{ActionStatus, ActionTransition};
-use crate::{ActionSpec, Queue, Recurrence};
+use crate::{ActionSpec, Error, Queue, Recurrence};
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
@@ -26,7 +26,13 @@ pub(crate) async fn enqueue(q: &Queue, a: EnqueueArgs, out: Output) -> Result<()
     if let Some(recurrence) = recurrence {
         return super::schedules::enqueue_schedule(q, a, args, recurrence, timeout, out).await;
     }
-    let mut spec = ActionSpec::new(a.hook, args)
+    let hook = a.hook.ok_or_else(|| {
+        Error::invalid(
+            "hook",
+            "give the hook to run (or --pipeline with --every/--cron)",
+        )
+    })?;
+    let mut spec = ActionSpec::new(hook, args)
         .priority(a.priority)
         .max_attempts(a.max_attempts);
     if let Some(g) = a.group {

@@ -322,9 +322,19 @@ pub enum Command {
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("recurrence").args(["every", "cron"])))]
 pub struct EnqueueArgs {
-    /// The hook (handler name) to run, e.g. email.send.
-    pub hook: String,
-    /// The handler's args, a JSON document; `@FILE` reads it from a file, `-` from stdin.
+    /// The hook (handler name) to run, e.g. email.send (not with --pipeline).
+    #[arg(required_unless_present = "pipeline", conflicts_with = "pipeline")]
+    pub hook: Option<String>,
+    /// With --every or --cron and --name: each occurrence starts a job of this pipeline, with
+    /// --args as its input (at most one job per occurrence; a runtime that has the pipeline
+    /// runs it).
+    #[arg(long, value_name = "NAME", requires_all = ["recurrence", "name"], conflicts_with = "group")]
+    pub pipeline: Option<String>,
+    /// With --pipeline: skip an occurrence while the schedule's previous job is not final.
+    #[arg(long, requires = "pipeline")]
+    pub no_overlap: bool,
+    /// The handler's args (with --pipeline: the job's input), a JSON document; `@FILE` reads
+    /// it from a file, `-` from stdin.
     #[arg(long, value_name = "JSON", default_value = "{}", value_parser = args::ArgsText)]
     pub args: String,
     /// Group label, used by filters and unschedule.

@@ -20,9 +20,28 @@ pub(crate) async fn enqueue_schedule(
     timeout: Option<std::time::Duration>,
     out: Output,
 ) -> Result<(), CliError> {
-    let mut spec = ScheduleSpec::new(a.hook, args, recurrence)
-        .priority(a.priority)
-        .max_attempts(a.max_attempts);
+    let mut spec = match (a.pipeline, a.hook) {
+        (Some(pipeline), _) => {
+            let name = a.name.clone().ok_or_else(|| {
+                Error::invalid(
+                    "name",
+                    "a pipeline schedule needs --name (it keys its jobs)",
+                )
+            })?;
+            let spec = ScheduleSpec::pipeline(name, pipeline, args, recurrence);
+            if a.no_overlap {
+                spec.no_overlap()
+            } else {
+                spec
+            }
+        }
+        (None, Some(hook)) => ScheduleSpec::new(hook, args, recurrence),
+        (None, None) => {
+            return Err(Error::invalid("hook", "give the hook to run or --pipeline").into())
+        }
+    }
+    .priority(a.priority)
+    .max_attempts(a.max_attempts);
     if let Some(g) = a.group {
         spec = spec.group(g);
     }

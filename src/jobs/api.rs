@@ -60,6 +60,10 @@ impl Jobs {
         Self { engine }
     }
 
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// The step names of a registered pipeline, in order (`None` when this handle does not
     /// know it, e.g. [`Jobs::without_pipelines`]); the dashboard labels a job's stepper with them.
     pub fn pipeline_steps(&self, pipeline: &str) -> Option<Vec<String>> {
@@ -89,6 +93,20 @@ impl Jobs {
         input: Value,
         options: &StartOptions,
     ) -> Result<i64> {
+        let now = self.engine.clock.now();
+        let job = self.new_job(pipeline, input, options, now).await?;
+        self.engine.store.create_job(&job, now).await
+    }
+
+    /// The job [`Jobs::start_with`] creates, its input packet stored: the pipeline must be
+    /// registered here and the key well formed.
+    pub(crate) async fn new_job(
+        &self,
+        pipeline: &str,
+        input: Value,
+        options: &StartOptions,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<NewJob> {
         let p = self
             .engine
             .pipelines
@@ -113,24 +131,17 @@ impl Jobs {
             }
         }
         let encoded = packets::encode(&input)?;
-        let now = self.engine.clock.now();
         self.engine
             .store
             .put_packets(std::slice::from_ref(&encoded), now)
             .await?;
-        self.engine
-            .store
-            .create_job(
-                &NewJob {
-                    pipeline: pipeline.to_string(),
-                    input_refs: vec![encoded.reference],
-                    engine_data: serde_json::json!({}),
-                    step: p.step_action(),
-                    idempotency_key: options.idempotency_key.clone(),
-                },
-                now,
-            )
-            .await
+        Ok(NewJob {
+            pipeline: pipeline.to_string(),
+            input_refs: vec![encoded.reference],
+            engine_data: serde_json::json!({}),
+            step: p.step_action(),
+            idempotency_key: options.idempotency_key.clone(),
+        })
     }
 
     /// Re-runs the failed children of the finished batch `parent`; returns the new job's id.

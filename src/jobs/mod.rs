@@ -17,6 +17,7 @@ pub mod engine_data;
 pub mod finish;
 pub mod packets;
 pub mod pipeline;
+pub mod scheduled;
 
 use crate::state::JobStatus;
 use chrono::{DateTime, Utc};
@@ -27,6 +28,7 @@ use serde_json::Value;
 pub const STEP_HOOK: &str = "dockhand.job.step";
 
 pub use finish::FINISH_HOOK;
+pub use scheduled::SCHEDULED_START_HOOK;
 
 /// A stored job.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -156,6 +158,31 @@ impl NewJob {
             crate::claims::hex(&h.finalize())
         })
     }
+}
+
+/// The schedule a job is started for ([`crate::Store::start_scheduled_job`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ScheduleGuard<'a> {
+    /// The schedule's name; its row is locked for the start's transaction, so two
+    /// occurrences of one schedule start one after the other.
+    pub schedule: &'a str,
+    /// Start nothing while a job this schedule started is not final.
+    pub no_overlap: bool,
+}
+
+/// What a job start decided, in its one transaction (the stores' shared answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobCreated {
+    /// A new job with this id.
+    New(i64),
+    /// The idempotency key is held by this job: nothing created.
+    Existing(i64),
+    /// The parent to mark as re-run moved (its engine version changed): nothing created.
+    ParentMoved,
+    /// No overlap: this job of the schedule is not final yet, nothing created.
+    Overlapping(i64),
+    /// The schedule no longer exists (unscheduled): nothing created.
+    ScheduleGone,
 }
 
 /// Filters for listing jobs.

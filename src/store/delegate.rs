@@ -165,6 +165,19 @@ macro_rules! delegate_store {
             async fn create_job(&self, job: &NewJob, now: DateTime<Utc>) -> Result<i64> {
                 $around!(self, "create_job", self.inner.create_job(job, now))
             }
+
+            async fn start_scheduled_job(
+                &self,
+                job: &NewJob,
+                guard: ScheduleGuard<'_>,
+                now: DateTime<Utc>,
+            ) -> Result<JobCreated> {
+                $around!(
+                    self,
+                    "start_scheduled_job",
+                    self.inner.start_scheduled_job(job, guard, now)
+                )
+            }
             async fn get_job(&self, id: i64) -> Result<Option<Job>> {
                 $around!(self, "get_job", self.inner.get_job(id))
             }

@@ -29,7 +29,9 @@ use crate::claims::{
 };
 use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
+use crate::jobs::{
+    BridgeOutcome, Job, JobCreated, JobEvent, JobFilter, NewJob, ScheduleGuard, StepAction,
+};
 use crate::schedule::{PreparedSchedule, Schedule};
 use crate::state::JobStatus;
 use chrono::{DateTime, Utc};

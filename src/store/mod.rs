@@ -18,7 +18,10 @@ use crate::claims::{
 };
 use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction, StepStart};
+use crate::jobs::{
+    BridgeOutcome, Job, JobCreated, JobEvent, JobFilter, NewJob, ScheduleGuard, StepAction,
+    StepStart,
+};
 use crate::schedule::{PreparedSchedule, Schedule};
 use crate::search::{
     ActionPage, ActionSearch, ActionSummary, ClaimPage, ClaimSearch, GroupPause, GroupStat,
@@ -200,6 +203,19 @@ pub trait Store: Send + Sync + 'static {
     /// In one transaction: inserts the job (`pending`) and enqueues its first step action
     /// (`job.step.action(id, 0, now)`). Returns the job id.
     async fn create_job(&self, job: &NewJob, now: DateTime<Utc>) -> Result<i64>;
+
+    /// [`Store::create_job`] for an occurrence of a schedule, in one transaction that locks the
+    /// schedule's row: nothing when the schedule is gone ([`JobCreated::ScheduleGone`]), the
+    /// holder when the job's idempotency key (one per occurrence) is held
+    /// ([`JobCreated::Existing`]), nothing with `no_overlap` while a job the schedule started
+    /// is not final ([`JobCreated::Overlapping`]); otherwise the job, recorded as the
+    /// schedule's ([`JobCreated::New`]).
+    async fn start_scheduled_job(
+        &self,
+        job: &NewJob,
+        guard: ScheduleGuard<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<JobCreated>;
 
     /// One job.
     async fn get_job(&self, id: i64) -> Result<Option<Job>>;

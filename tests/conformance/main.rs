@@ -126,6 +126,9 @@ conformance!(
     two_runtimes_with_different_pipelines_finish_their_own_jobs,
     runtime_without_pipelines_leaves_job_actions_alone,
     step_rows_from_before_the_routing_still_run,
+    // Scheduled pipelines (issue 17 item 3)
+    scheduled_pipeline_starts_one_job_per_occurrence,
+    scheduled_pipeline_no_overlap_skips_while_the_previous_job_lives,
     // recover-stuck branch by branch, and what it leaves alone (issue 15, defect 11)
     recover_stuck_requeues_a_job_whose_step_action_is_gone,
     recover_stuck_fails_a_job_whose_step_failed_for_good_stale,

@@ -17,7 +17,9 @@ use super::{enqueue::enqueue_one, from_ms, ms, MySqlStore};
 use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction, StepStart};
+use crate::jobs::{
+    Job, JobCreated, JobEvent, JobFilter, NewJob, ScheduleGuard, StepAction, StepStart,
+};
 use crate::state::{step_gate, JobStatus, ParentView, StepGate};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -108,9 +110,23 @@ pub(super) async fn create_job(
     job: &NewJob,
     now: DateTime<Utc>,
 ) -> Result<i64> {
-    create_job_marking(store, job, None, now)
-        .await?
-        .ok_or_else(|| Error::invalid("job", "no parent to mark: the job is always created"))
+    match create_job_guarded(store, job, None, None, now).await? {
+        JobCreated::New(id) | JobCreated::Existing(id) => Ok(id),
+        other => Err(Error::invalid(
+            "job",
+            format!("an unguarded start cannot end {other:?}"),
+        )),
+    }
+}
+
+/// A job started for an occurrence of a schedule (see [`crate::Store::start_scheduled_job`]).
+pub(super) async fn start_scheduled_job(
+    store: &MySqlStore,
+    job: &NewJob,
+    guard: ScheduleGuard<'_>,
+    now: DateTime<Utc>,
+) -> Result<JobCreated> {
+    create_job_guarded(store, job, None, Some(guard), now).await
 }
 
 /// [`create_job`], and with `mark` (parent, its engine version, its engine data) the parent's
@@ -122,6 +138,25 @@ pub(super) async fn create_job_marking(
     mark: Option<(i64, i64, &Value)>,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
+    Ok(
+        match create_job_guarded(store, job, mark, None, now).await? {
+            JobCreated::New(id) | JobCreated::Existing(id) => Some(id),
+            _ => None,
+        },
+    )
+}
+
+/// The one job-start transaction: with `schedule`, the schedule's row (locked, so the starts
+/// of one schedule run one after the other) decides first (gone: nothing), then the
+/// idempotency key, then no overlap (a live job of the schedule: nothing), then the insert,
+/// the parent's re-run mark and the first step action.
+async fn create_job_guarded(
+    store: &MySqlStore,
+    job: &NewJob,
+    mark: Option<(i64, i64, &Value)>,
+    schedule: Option<ScheduleGuard<'_>>,
+    now: DateTime<Utc>,
+) -> Result<JobCreated> {
     let op = "create_job";
     let refs = refs_json(&job.input_refs)?;
     let data = serde_json::to_string(&job.engine_data)
@@ -131,17 +166,46 @@ pub(super) async fn create_job_marking(
     let idempotency = idempotency.as_deref();
     let (id, due) = retry_deadlocks(op, move || async move {
         let mut tx = store.begin(op).await?;
+        let mut schedule_id = None;
+        if let Some(guard) = schedule {
+            let id: Option<i64> =
+                sqlx::query_scalar("SELECT id FROM dockhand_schedules WHERE name = ? FOR UPDATE")
+                    .bind(guard.schedule)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(Error::db("start_scheduled_job (schedule)"))?;
+            let Some(id) = id else {
+                tx.rollback().await.map_err(Error::db(op))?;
+                return Ok((JobCreated::ScheduleGone, false));
+            };
+            schedule_id = Some(id);
+        }
         if let Some(hash) = idempotency {
             if let Some(id) = job_holding(&mut tx, hash).await? {
                 tx.rollback().await.map_err(Error::db(op))?;
-                return Ok((Some(id), false));
+                return Ok((JobCreated::Existing(id), false));
+            }
+        }
+        if let (Some(sid), Some(true)) = (schedule_id, schedule.map(|g| g.no_overlap)) {
+            let live: Option<i64> = sqlx::query_scalar(
+                "SELECT id FROM dockhand_jobs
+                 WHERE schedule_id = ? AND status IN ('pending', 'processing', 'waiting')
+                 ORDER BY id LIMIT 1",
+            )
+            .bind(sid)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(Error::db("start_scheduled_job (overlap)"))?;
+            if let Some(live) = live {
+                tx.rollback().await.map_err(Error::db(op))?;
+                return Ok((JobCreated::Overlapping(live), false));
             }
         }
         let inserted = sqlx::query(
             "INSERT INTO dockhand_jobs
                 (pipeline, status, step_index, input_refs, engine_data, engine_version,
-                 created_at, updated_at, idempotency_key, idempotency_hash)
-             VALUES (?, 'pending', 0, ?, ?, 0, ?, ?, ?, ?)",
+                 created_at, updated_at, idempotency_key, idempotency_hash, schedule_id)
+             VALUES (?, 'pending', 0, ?, ?, 0, ?, ?, ?, ?, ?)",
         )
         .bind(&job.pipeline)
         .bind(refs)
@@ -150,6 +214,7 @@ pub(super) async fn create_job_marking(
         .bind(ms(now))
         .bind(&job.idempotency_key)
         .bind(idempotency)
+        .bind(schedule_id)
         .execute(&mut *tx)
         .await;
         let done = match (inserted, idempotency) {
@@ -158,16 +223,18 @@ pub(super) async fn create_job_marking(
             (Err(sqlx::Error::Database(db)), Some(hash)) if db.is_unique_violation() => {
                 let held = job_holding(&mut tx, hash).await?;
                 tx.rollback().await.map_err(Error::db(op))?;
-                return held.map(|id| (Some(id), false)).ok_or_else(|| {
-                    Error::invalid(
-                        "idempotency_key",
-                        format!(
-                            "pipeline `{}`: the key's job was deleted while this start ran; \
+                return held
+                    .map(|id| (JobCreated::Existing(id), false))
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "idempotency_key",
+                            format!(
+                                "pipeline `{}`: the key's job was deleted while this start ran; \
                              start again",
-                            job.pipeline
-                        ),
-                    )
-                });
+                                job.pipeline
+                            ),
+                        )
+                    });
             }
             (r, _) => r.map_err(Error::db(op))?,
         };
@@ -187,12 +254,12 @@ pub(super) async fn create_job_marking(
             .map_err(Error::db("create_job (mark parent)"))?;
             if swapped.rows_affected() != 1 {
                 tx.rollback().await.map_err(Error::db(op))?;
-                return Ok((None, false));
+                return Ok((JobCreated::ParentMoved, false));
             }
         }
         let due = enqueue_step(&mut tx, &job.step, id, 0, now).await?;
         tx.commit().await.map_err(Error::db(op))?;
-        Ok((Some(id), due))
+        Ok((JobCreated::New(id), due))
     })
     .await?;
     if due {

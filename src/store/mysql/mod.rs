@@ -60,7 +60,9 @@ use crate::claims::{
 };
 use crate::error::Result;
 use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
+use crate::jobs::{
+    BridgeOutcome, Job, JobCreated, JobEvent, JobFilter, NewJob, ScheduleGuard, StepAction,
+};
 use crate::schedule::{PreparedSchedule, Schedule};
 use crate::search::{ActionPage, ActionSearch};
 use crate::state::JobStatus;
@@ -242,6 +244,15 @@ impl Store for MySqlStore {
 
     async fn create_job(&self, job: &NewJob, now: DateTime<Utc>) -> Result<i64> {
         jobs::create_job(self, job, now).await
+    }
+
+    async fn start_scheduled_job(
+        &self,
+        job: &NewJob,
+        guard: ScheduleGuard<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<JobCreated> {
+        jobs::start_scheduled_job(self, job, guard, now).await
     }
 
     async fn get_job(&self, id: i64) -> Result<Option<Job>> {

@@ -9,7 +9,9 @@ use super::{enqueue::enqueue_one, ts, PgStore};
 use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction, StepStart};
+use crate::jobs::{
+    Job, JobCreated, JobEvent, JobFilter, NewJob, ScheduleGuard, StepAction, StepStart,
+};
 use crate::state::{step_gate, JobStatus, ParentView, StepGate};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -53,9 +55,23 @@ pub(super) fn job_from_row(row: &PgRow) -> Result<Job> {
 }
 
 pub(super) async fn create_job(store: &PgStore, job: &NewJob, now: DateTime<Utc>) -> Result<i64> {
-    create_job_marking(store, job, None, now)
-        .await?
-        .ok_or_else(|| Error::invalid("job", "no parent to mark: the job is always created"))
+    match create_job_guarded(store, job, None, None, now).await? {
+        JobCreated::New(id) | JobCreated::Existing(id) => Ok(id),
+        other => Err(Error::invalid(
+            "job",
+            format!("an unguarded start cannot end {other:?}"),
+        )),
+    }
+}
+
+/// A job started for an occurrence of a schedule (see [`crate::Store::start_scheduled_job`]).
+pub(super) async fn start_scheduled_job(
+    store: &PgStore,
+    job: &NewJob,
+    guard: ScheduleGuard<'_>,
+    now: DateTime<Utc>,
+) -> Result<JobCreated> {
+    create_job_guarded(store, job, None, Some(guard), now).await
 }
 
 /// [`create_job`], and with `mark` (parent, its engine version, its engine data) the parent's
@@ -67,15 +83,77 @@ pub(super) async fn create_job_marking(
     mark: Option<(i64, i64, &Value)>,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
+    Ok(
+        match create_job_guarded(store, job, mark, None, now).await? {
+            JobCreated::New(id) | JobCreated::Existing(id) => Some(id),
+            _ => None,
+        },
+    )
+}
+
+/// The one job-start transaction: with `schedule`, the schedule's row (locked, so the starts
+/// of one schedule run one after the other) decides first (gone: nothing; no overlap and a
+/// live job of it: nothing), then the idempotency key, then the insert, the parent's re-run
+/// mark and the first step action.
+async fn create_job_guarded(
+    store: &PgStore,
+    job: &NewJob,
+    mark: Option<(i64, i64, &Value)>,
+    schedule: Option<ScheduleGuard<'_>>,
+    now: DateTime<Utc>,
+) -> Result<JobCreated> {
     let idempotency = job.idempotency_hash();
     let mut tx = store.begin("create_job").await?;
+    let mut schedule_id = None;
+    if let Some(guard) = schedule {
+        let id: Option<i64> =
+            sqlx::query_scalar("SELECT id FROM dockhand_schedules WHERE name = $1 FOR UPDATE")
+                .bind(guard.schedule)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(Error::db("start_scheduled_job (schedule)"))?;
+        let Some(id) = id else {
+            tx.rollback().await.map_err(Error::db("create_job"))?;
+            return Ok(JobCreated::ScheduleGone);
+        };
+        if guard.no_overlap {
+            let live: Option<i64> = sqlx::query_scalar(
+                "SELECT id FROM dockhand_jobs
+                 WHERE schedule_id = $1 AND status IN ('pending', 'processing', 'waiting')
+                 ORDER BY id LIMIT 1",
+            )
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(Error::db("start_scheduled_job (overlap)"))?;
+            if let Some(live) = live {
+                // The occurrence's own job (a re-run of its start) is not an overlap.
+                let own: Option<i64> = match &idempotency {
+                    Some(hash) => sqlx::query_scalar(
+                        "SELECT id FROM dockhand_jobs WHERE idempotency_hash = $1",
+                    )
+                    .bind(hash)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(Error::db("create_job (idempotency key)"))?,
+                    None => None,
+                };
+                tx.rollback().await.map_err(Error::db("create_job"))?;
+                return Ok(match own {
+                    Some(own) => JobCreated::Existing(own),
+                    None => JobCreated::Overlapping(live),
+                });
+            }
+        }
+        schedule_id = Some(id);
+    }
     // A key held by a committed job: nothing inserted (ON CONFLICT waits for a concurrent
     // insert of the same key to commit or roll back), and the holder is read below.
     let inserted: Option<i64> = sqlx::query_scalar(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version, created_at,
-             updated_at, idempotency_key, idempotency_hash)
-         VALUES ($1, 'pending', 0, $2, $3, 0, $4, $4, $5, $6)
+             updated_at, idempotency_key, idempotency_hash, schedule_id)
+         VALUES ($1, 'pending', 0, $2, $3, 0, $4, $4, $5, $6, $7)
          ON CONFLICT (idempotency_hash) WHERE idempotency_hash IS NOT NULL DO NOTHING
          RETURNING id",
     )
@@ -85,6 +163,7 @@ pub(super) async fn create_job_marking(
     .bind(ts(now))
     .bind(&job.idempotency_key)
     .bind(&idempotency)
+    .bind(schedule_id)
     .fetch_optional(&mut *tx)
     .await
     .map_err(Error::db("create_job"))?;
@@ -96,7 +175,7 @@ pub(super) async fn create_job_marking(
                 .await
                 .map_err(Error::db("create_job (idempotency key)"))?;
         tx.rollback().await.map_err(Error::db("create_job"))?;
-        return held.map(Some).ok_or_else(|| {
+        return held.map(JobCreated::Existing).ok_or_else(|| {
             Error::invalid(
                 "idempotency_key",
                 format!(
@@ -119,7 +198,7 @@ pub(super) async fn create_job_marking(
         .map_err(Error::db("create_job (mark parent)"))?;
         if swapped.rows_affected() != 1 {
             tx.rollback().await.map_err(Error::db("create_job"))?;
-            return Ok(None);
+            return Ok(JobCreated::ParentMoved);
         }
     }
     enqueue_one(
@@ -130,7 +209,7 @@ pub(super) async fn create_job_marking(
     )
     .await?;
     tx.commit().await.map_err(Error::db("create_job"))?;
-    Ok(Some(id))
+    Ok(JobCreated::New(id))
 }
 
 pub(super) async fn get_job(store: &PgStore, id: i64) -> Result<Option<Job>> {

@@ -55,7 +55,9 @@ use crate::claims::{
 };
 use crate::error::Result;
 use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{BridgeOutcome, Job, JobEvent, JobFilter, NewJob, StepAction};
+use crate::jobs::{
+    BridgeOutcome, Job, JobCreated, JobEvent, JobFilter, NewJob, ScheduleGuard, StepAction,
+};
 use crate::schedule::{PreparedSchedule, Schedule};
 use crate::search::{ActionPage, ActionSearch};
 use crate::state::JobStatus;
@@ -263,6 +265,15 @@ impl Store for PgStore {
         let id = jobs::create_job(self, job, now).await?;
         self.wake.notify();
         Ok(id)
+    }
+
+    async fn start_scheduled_job(
+        &self,
+        job: &NewJob,
+        guard: ScheduleGuard<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<JobCreated> {
+        jobs::start_scheduled_job(self, job, guard, now).await
     }
 
     async fn get_job(&self, id: i64) -> Result<Option<Job>> {

@@ -8,7 +8,9 @@ use super::{enqueue::enqueue_one, from_ms, ms, SqliteStore};
 use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{Job, JobEvent, JobFilter, NewJob, StepAction, StepStart};
+use crate::jobs::{
+    Job, JobCreated, JobEvent, JobFilter, NewJob, ScheduleGuard, StepAction, StepStart,
+};
 use crate::state::{step_gate, JobStatus, ParentView, StepGate};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -84,9 +86,23 @@ pub(super) async fn create_job(
     job: &NewJob,
     now: DateTime<Utc>,
 ) -> Result<i64> {
-    create_job_marking(store, job, None, now)
-        .await?
-        .ok_or_else(|| Error::invalid("job", "no parent to mark: the job is always created"))
+    match create_job_guarded(store, job, None, None, now).await? {
+        JobCreated::New(id) | JobCreated::Existing(id) => Ok(id),
+        other => Err(Error::invalid(
+            "job",
+            format!("an unguarded start cannot end {other:?}"),
+        )),
+    }
+}
+
+/// A job started for an occurrence of a schedule (see [`crate::Store::start_scheduled_job`]).
+pub(super) async fn start_scheduled_job(
+    store: &SqliteStore,
+    job: &NewJob,
+    guard: ScheduleGuard<'_>,
+    now: DateTime<Utc>,
+) -> Result<JobCreated> {
+    create_job_guarded(store, job, None, Some(guard), now).await
 }
 
 /// [`create_job`], and with `mark` (parent, its engine version, its engine data) the parent's
@@ -98,11 +114,44 @@ pub(super) async fn create_job_marking(
     mark: Option<(i64, i64, &Value)>,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
+    Ok(
+        match create_job_guarded(store, job, mark, None, now).await? {
+            JobCreated::New(id) | JobCreated::Existing(id) => Some(id),
+            _ => None,
+        },
+    )
+}
+
+/// The one job-start transaction: with `schedule`, the schedule's row decides first (gone:
+/// nothing; no overlap and a live job of it: nothing), then the idempotency key, then the
+/// insert, the parent's re-run mark and the first step action.
+async fn create_job_guarded(
+    store: &SqliteStore,
+    job: &NewJob,
+    mark: Option<(i64, i64, &Value)>,
+    schedule: Option<ScheduleGuard<'_>>,
+    now: DateTime<Utc>,
+) -> Result<JobCreated> {
     let refs = refs_json(&job.input_refs)?;
     let data = serde_json::to_string(&job.engine_data)
         .map_err(|e| Error::invalid("engine_data", e.to_string()))?;
     let idempotency = job.idempotency_hash();
     let mut tx = store.begin_write("create_job").await?;
+    // One writer at a time (BEGIN IMMEDIATE) orders the starts of one schedule.
+    let mut schedule_id = None;
+    if let Some(guard) = schedule {
+        let id: Option<i64> =
+            sqlx::query_scalar("SELECT id FROM dockhand_schedules WHERE name = ?")
+                .bind(guard.schedule)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(Error::db("start_scheduled_job (schedule)"))?;
+        let Some(id) = id else {
+            tx.rollback().await.map_err(Error::db("create_job"))?;
+            return Ok(JobCreated::ScheduleGone);
+        };
+        schedule_id = Some(id);
+    }
     if let Some(hash) = &idempotency {
         // One writer at a time (BEGIN IMMEDIATE): nobody can insert the key between this read
         // and the insert below.
@@ -114,14 +163,29 @@ pub(super) async fn create_job_marking(
                 .map_err(Error::db("create_job (idempotency key)"))?;
         if let Some(id) = held {
             tx.rollback().await.map_err(Error::db("create_job"))?;
-            return Ok(Some(id));
+            return Ok(JobCreated::Existing(id));
+        }
+    }
+    if let (Some(sid), Some(true)) = (schedule_id, schedule.map(|g| g.no_overlap)) {
+        let live: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM dockhand_jobs
+             WHERE schedule_id = ? AND status IN ('pending', 'processing', 'waiting')
+             ORDER BY id LIMIT 1",
+        )
+        .bind(sid)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(Error::db("start_scheduled_job (overlap)"))?;
+        if let Some(live) = live {
+            tx.rollback().await.map_err(Error::db("create_job"))?;
+            return Ok(JobCreated::Overlapping(live));
         }
     }
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version,
-             created_at, updated_at, idempotency_key, idempotency_hash)
-         VALUES (?, 'pending', 0, ?, ?, 0, ?, ?, ?, ?)
+             created_at, updated_at, idempotency_key, idempotency_hash, schedule_id)
+         VALUES (?, 'pending', 0, ?, ?, 0, ?, ?, ?, ?, ?)
          RETURNING id",
     )
     .bind(&job.pipeline)
@@ -131,6 +195,7 @@ pub(super) async fn create_job_marking(
     .bind(ms(now))
     .bind(&job.idempotency_key)
     .bind(&idempotency)
+    .bind(schedule_id)
     .fetch_one(&mut *tx)
     .await
     .map_err(Error::db("create_job"))?;
@@ -149,7 +214,7 @@ pub(super) async fn create_job_marking(
         .map_err(Error::db("create_job (mark parent)"))?;
         if swapped.rows_affected() != 1 {
             tx.rollback().await.map_err(Error::db("create_job"))?;
-            return Ok(None);
+            return Ok(JobCreated::ParentMoved);
         }
     }
     let due = enqueue_step(&mut tx, &job.step, id, 0, now).await?;
@@ -157,7 +222,7 @@ pub(super) async fn create_job_marking(
     if due {
         store.wake.notify();
     }
-    Ok(Some(id))
+    Ok(JobCreated::New(id))
 }
 
 pub(super) async fn get_job(store: &SqliteStore, id: i64) -> Result<Option<Job>> {
