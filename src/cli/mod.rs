@@ -72,7 +72,9 @@ change) is skipped; one that happens twice (the hour repeated when clocks go bac
 )]
 pub struct Cli {
     /// Database URL: sqlite:PATH, sqlite::memory:, postgres://USER:PASSWORD@HOST/DB or
-    /// mysql://USER:PASSWORD@HOST/DB (MySQL 8 / MariaDB 10.6+; mariadb:// too)
+    /// mysql://USER:PASSWORD@HOST/DB (MySQL 8 / MariaDB 10.6+; mariadb:// too). TLS by URL
+    /// parameters: ?sslmode=verify-full&sslrootcert=CA.pem (PostgreSQL),
+    /// ?ssl-mode=VERIFY_IDENTITY&ssl-ca=CA.pem (MySQL)
     /// [default: sqlite:dockhand.db; for `demo`: sqlite:dockhand-demo.db; `bench` uses it only
     /// with --backend postgres or mysql].
     #[arg(

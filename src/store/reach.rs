@@ -74,6 +74,9 @@ pub(crate) fn connect_error(e: sqlx::Error, target: &str, host: &str) -> Error {
             {
                 format!("host {host} did not resolve (connecting to {target})")
             }
+            // sqlx hands rustls's handshake failures (an untrusted issuer, a name mismatch) up
+            // as I/O errors.
+            _ if looks_like_tls(&io.to_string()) => tls_failed(target, &io.to_string()),
             _ => format!("connecting to {target}: {}", redact_text(&io.to_string())),
         };
         return Error::Connect {
@@ -81,7 +84,28 @@ pub(crate) fn connect_error(e: sqlx::Error, target: &str, host: &str) -> Error {
             reason,
         };
     }
+    if let sqlx::Error::Tls(tls) = &e {
+        return Error::Connect {
+            target: target.to_string(),
+            reason: tls_failed(target, &tls.to_string()),
+        };
+    }
     Error::db("connect")(e)
+}
+
+fn looks_like_tls(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    ["certificate", "tls", "handshake", "ssl"]
+        .iter()
+        .any(|w| m.contains(w))
+}
+
+fn tls_failed(target: &str, message: &str) -> String {
+    format!(
+        "TLS to {target} failed: {} (the URL's sslmode/sslrootcert for PostgreSQL, \
+         ssl-mode/ssl-ca for MySQL, choose the mode and the CA to trust)",
+        redact_text(message)
+    )
 }
 
 /// A URL the driver could not parse, as an `invalid database_url` error: the URL redacted, and
