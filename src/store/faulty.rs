@@ -72,7 +72,8 @@ pub type CallHook =
 pub struct FaultyStore {
     inner: DynStore,
     plan: Mutex<Vec<Fault>>,
-    hooks: Mutex<Vec<(String, u64, CallHook)>>,
+    /// Planned hooks: (method, call number, hook, counted as an injected fault).
+    hooks: Mutex<Vec<(String, u64, CallHook, bool)>>,
     calls: Mutex<HashMap<String, u64>>,
     log: Mutex<Vec<&'static str>>,
     /// A planned crash: (1-based index into the call log, mode of that call).
@@ -134,8 +135,19 @@ impl FaultyStore {
     /// This is how a test lands an operator's move (a cancel, say) between two store calls of
     /// a running handler without threads racing.
     pub fn before_call(&self, method: &str, nth: u64, hook: CallHook) {
+        self.plan_hook(method, nth, hook, true);
+    }
+
+    /// Like [`FaultyStore::before_call`], but not counted as an injected fault: a move that
+    /// belongs to the test's workload (an operator acting while a handler runs), made the same
+    /// way whether or not a fault is planned.
+    pub fn on_call(&self, method: &str, nth: u64, hook: CallHook) {
+        self.plan_hook(method, nth, hook, false);
+    }
+
+    fn plan_hook(&self, method: &str, nth: u64, hook: CallHook, counted: bool) {
         let base = lock(&self.calls).get(method).copied().unwrap_or(0);
-        lock(&self.hooks).push((method.to_string(), base + nth.max(1), hook));
+        lock(&self.hooks).push((method.to_string(), base + nth.max(1), hook, counted));
     }
 
     /// Simulates a crash of the process at its `nth` store call from now, whatever the
@@ -200,11 +212,13 @@ impl FaultyStore {
             let mut hooks = lock(&self.hooks);
             hooks
                 .iter()
-                .position(|(m, nth, _)| m == method && *nth == n)
-                .map(|i| hooks.remove(i).2)
+                .position(|(m, nth, _, _)| m == method && *nth == n)
+                .map(|i| hooks.remove(i))
         };
-        if let Some(hook) = hook {
-            self.injected.fetch_add(1, Ordering::SeqCst);
+        if let Some((_, _, hook, counted)) = hook {
+            if counted {
+                self.injected.fetch_add(1, Ordering::SeqCst);
+            }
             hook().await;
         }
         let mode = crashed.or_else(|| {

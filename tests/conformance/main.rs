@@ -110,6 +110,8 @@ conformance!(
     regression_no_child_for_a_claim_taken_over,
     regression_operator_retry_of_a_fanned_out_step_resumes_the_batch,
     regression_a_fanned_out_step_failing_for_good_does_not_fail_the_batch,
+    refan_cancel_before_the_fan_out_then_retry_runs_the_split,
+    regression_refan_cancel_after_the_fan_out_then_retry_resumes_the_batch,
     regression_malformed_sidecar_releases_by_job,
     // Failure routes through the fault-injection store
     fault_bridge_fails_before_then_retry_finishes_once,

@@ -22,27 +22,33 @@ type ChildFn = fn(i64) -> Result<StepOutput, HandlerError>;
 
 pub(super) fn batch_pipeline(n: usize, chunk: u32, child: ChildFn) -> Pipeline {
     Pipeline::new("batch")
-        .step("split", move |ctx| async move {
-            let mut out = Vec::new();
-            for i in 0..n {
-                let d = ctx
-                    .claim_in(
-                        "shared:b",
-                        "src",
-                        &format!("item-{i}"),
-                        tracked("b", 1, true),
-                    )
-                    .await
-                    .map_err(HandlerError::retry)?
-                    .ok_or_else(|| HandlerError::fatal("item held"))?;
-                out.push(Packet::new(json!({"i": i})).with_claim(d));
-            }
-            Ok(StepOutput::Packets(out))
-        })
+        .step("split", move |ctx| split_items(ctx, n))
         .step("child", move |ctx| async move {
             child(ctx.input()["i"].as_i64().unwrap_or(-1))
         })
         .chunk_size(chunk)
+}
+
+/// The `split` step of [`batch_pipeline`]: claims `n` items, one packet per item.
+pub(super) async fn split_items(
+    ctx: dockhand::StepContext,
+    n: usize,
+) -> dockhand::jobs::pipeline::StepResult {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let d = ctx
+            .claim_in(
+                "shared:b",
+                "src",
+                &format!("item-{i}"),
+                tracked("b", 1, true),
+            )
+            .await
+            .map_err(HandlerError::retry)?
+            .ok_or_else(|| HandlerError::fatal("item held"))?;
+        out.push(Packet::new(json!({"i": i})).with_claim(d));
+    }
+    Ok(StepOutput::Packets(out))
 }
 
 pub(super) fn ok_child(_: i64) -> Result<StepOutput, HandlerError> {

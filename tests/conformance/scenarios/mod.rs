@@ -1,6 +1,7 @@
 //! Scenario bodies, each an `async fn(TestDb)` run once per backend by `conformance!`.
 
 mod batch_guards;
+mod batch_refan;
 mod batch_regressions;
 mod batch_rerun;
 mod batch_stop;
@@ -28,6 +29,7 @@ mod sweep_workload;
 mod views;
 
 pub use batch_guards::*;
+pub use batch_refan::*;
 pub use batch_regressions::*;
 pub use batch_rerun::*;
 pub use batch_stop::*;

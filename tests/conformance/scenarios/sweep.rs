@@ -1,10 +1,11 @@
 //! The fault-point sweep (RELIABILITY.md §1): one small workload ([`super::sweep_workload`]:
 //! a batch in chunks, a two-step job holding one claim, a job whose step fails until its
-//! retries run out, a batch the operator cancels mid-flight, and two plain actions) is run once over a
+//! retries run out, a batch the operator cancels mid-flight, a batch whose fan-out step the
+//! operator cancels and then retries by hand, and two plain actions) is run once over a
 //! [`FaultyStore`] without faults to learn its sequence of store calls; then, for every call of
 //! the methods in [`SWEPT`], on a fresh database, the workload is run with that call faulted
-//! (`FailBefore`, `ExecuteThenFail`, `Retryable`; the first call of each method also
-//! `Delay`ed), the store healed, the queue drained as an
+//! (`FailBefore`, `ExecuteThenFail`, and `Retryable` where the caller treats a transient error
+//! apart, [`TRANSIENT_AWARE`]; the first call of each method also `Delay`ed), the store healed, the queue drained as an
 //! operator would (clock past leases and backoffs, maintenance, `recover-stuck`), and the
 //! invariants of RELIABILITY.md §3 asserted (see [`invariants`]).
 //!
@@ -21,7 +22,8 @@
 
 use super::sweep_checks::{all_jobs, invariants, settled};
 use super::sweep_workload::{
-    cancel_batch, cancel_invariant, items, produce, runtime, Operator, LEDGER_DDL, NS,
+    cancel_batch, cancel_invariant, items, produce, retry_refan_step, runtime, Operator,
+    LEDGER_DDL, NS,
 };
 use crate::harness::{t0, TestDb};
 use dockhand::batch::recovery::RecoverOptions;
@@ -86,6 +88,13 @@ pub const INTERLEAVED: &[&str] = &["lease_work", "create_child", "settle_work", 
 /// The writes a failure route makes (re-arming an action, finishing a job through the
 /// bridge, failing a batch): each gets the second fault of a [`Point::Double`].
 pub const RECOVERY: &[&str] = &["finish_job", "schedule_chunk"];
+
+/// Methods whose caller tells a transient error from another and retries it in place (the
+/// runner's action finish, the chunk enqueue, a completion handler's claim transaction): only
+/// for these does `Retryable` take another route than `FailBefore`. Every other caller maps
+/// any store error alike (`?`, `HandlerError::retry`), so its `Retryable` point would repeat
+/// its `FailBefore` point and is not swept (CI time).
+const TRANSIENT_AWARE: &[&str] = &["finish", "finish_many", "schedule_chunk", "complete_claim"];
 
 /// Maintenance methods run on every drain round; only their first calls are swept (later
 /// ones repeat the same situation).
@@ -212,7 +221,15 @@ pub async fn run_point(db: &TestDb, point: Option<Point>) -> RunReport {
     // The producer: one job and the plain actions, each failure retried once at once.
     produce(db, &rt).await;
     let mut rescued = 0;
-    let _ = drive(db, &rt, true, crash.then_some(&*faulty), &mut rescued).await;
+    let _ = drive(
+        db,
+        &rt,
+        &operator,
+        true,
+        crash.then_some(&*faulty),
+        &mut rescued,
+    )
+    .await;
     let log = faulty.call_log();
     faulty.heal();
     // After a crash, a restarted process: a new runtime, and the producer re-submits what it
@@ -225,7 +242,7 @@ pub async fn run_point(db: &TestDb, point: Option<Point>) -> RunReport {
         rt
     };
     let mut violations = Vec::new();
-    if let Err(e) = drive(db, &rt, false, None, &mut rescued).await {
+    if let Err(e) = drive(db, &rt, &operator, false, None, &mut rescued).await {
         violations.push(format!("drain after heal: {e}"));
     }
     violations.extend(invariants(db).await);
@@ -283,6 +300,7 @@ async fn drain(rt: &Runtime) -> dockhand::Result<()> {
 async fn drive(
     db: &TestDb,
     rt: &Runtime,
+    operator: &Operator,
     tolerate: bool,
     crashed: Option<&FaultyStore>,
     rescued: &mut u64,
@@ -297,6 +315,8 @@ async fn drive(
             Err(e) if !tolerate => return Err(format!("drain: {e}")),
             _ => {}
         }
+        // The operator retries the cancelled fan-out step by hand while its batch runs.
+        retry_refan_step(db, rt, operator).await;
         if crashed.is_some_and(|f| f.injected() > 0) || settled(db).await {
             return Ok(());
         }
@@ -337,11 +357,10 @@ pub fn points(log: &[&'static str]) -> Vec<Point> {
         {
             continue;
         }
-        let mut modes = vec![
-            FaultMode::FailBefore,
-            FaultMode::ExecuteThenFail,
-            FaultMode::Retryable,
-        ];
+        let mut modes = vec![FaultMode::FailBefore, FaultMode::ExecuteThenFail];
+        if TRANSIENT_AWARE.contains(method) {
+            modes.push(FaultMode::Retryable);
+        }
         // A delay only reorders work against the frozen test clock; once per method is
         // enough here (real delays are the chaos run's paused workers and held locks).
         if *nth == 1 {
@@ -398,8 +417,8 @@ pub async fn sweep_fault_points(db: TestDb) {
     );
     assert_eq!(
         clean.outcome,
-        "cancel cancelled/manual + doomed failed/retry_exhausted + solo completed + \
-         sweep completed, 7/11 items",
+        "cancel cancelled/manual + doomed failed/retry_exhausted + refan completed + \
+         solo completed + sweep completed, 9/13 items",
         "the workload without faults"
     );
     let all = points(&clean.log);

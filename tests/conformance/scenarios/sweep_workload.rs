@@ -11,10 +11,12 @@
 //!   retry when the operator's cancel action (priority 0, due a minute after the start) cancels
 //!   the batch mid-flight. The cancel's time is recorded: no child of the batch may be created
 //!   or complete after it (B5).
-//!
-//! (A fan-out step cancelled while it runs and retried by hand by the operator was part of
-//! this workload in commit 495262f and left its retried step action pending for good; see
-//! docs/STATUS.md. Defect 9 keeps its deterministic regression in the batch scenarios.)
+//! - `refan`: a batch whose fan-out step is cancelled by the operator while it runs, once: the
+//!   cancel lands right before the runner's next `finish` call after the step's first run,
+//!   so its fan-out commits and its finish is fenced out (or, when the run failed, its retry
+//!   record is). The operator retries it by hand while the batch is in flight (its children
+//!   fail their first attempt too): the retried step must not run again and refuse its own
+//!   batch (issue 15, defect 9).
 //! - two plain actions; the second claims and completes a free-standing item (no job).
 
 use super::sweep_checks::{actions, all_jobs};
@@ -26,18 +28,21 @@ use dockhand::claims::{
     ClaimItemRequest, ClaimOutcome, CompleteOutcome, CompletionContext, CompletionHandler,
     CompletionTx,
 };
-use dockhand::store::faulty::FaultyStore;
+use dockhand::store::faulty::{CallHook, FaultyStore};
 use dockhand::{
-    ActionSpec, Clock, CompletionConfig, DynStore, HandlerError, Identity, JobStatus, Packet,
-    Pipeline, Runtime, StepOutput, TestClock,
+    ActionFilter, ActionQuery, ActionSpec, ActionStatus, Clock, CompletionConfig, DynStore,
+    HandlerError, Identity, JobStatus, Packet, Pipeline, Runtime, StepOutput, TestClock,
 };
 use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Items the `sweep` split step claims and fans out.
 pub(super) const ITEMS: usize = 5;
-/// Items the `cancel` and `refan` batches claim.
+/// Items the `cancel` batch claims.
 const SMALL_BATCH: usize = 3;
+/// Items the `refan` batch claims (one chunk: the sweep's CI time).
+const REFAN_BATCH: usize = 2;
 /// The item of the two-step `solo` job.
 const SOLO_ITEM: &str = "solo-0";
 /// The item the `doomed` job claims before failing for good.
@@ -45,7 +50,7 @@ const DOOMED_ITEM: &str = "doomed-0";
 /// The item the second plain action claims and completes without a job.
 const FREE_ITEM: &str = "free-0";
 /// The pipelines the producer starts one job of.
-const PIPELINES: [&str; 4] = ["sweep", "solo", "doomed", "cancel"];
+const PIPELINES: [&str; 5] = ["sweep", "solo", "doomed", "cancel", "refan"];
 /// Worklist rows per chunk action.
 const CHUNK: u32 = 2;
 /// Unique keys of the plain actions the workload enqueues.
@@ -65,6 +70,10 @@ pub struct Operator {
     /// When the `cancel` batch's cancel committed (the clock moves one second on either side
     /// of it, so everything before has an earlier time and everything after a later one).
     pub cancelled_at: Mutex<Option<DateTime<Utc>>>,
+    /// Whether the operator's cancel of the running `refan` fan-out step was planned already.
+    refan_cancel_planned: AtomicBool,
+    /// Whether the `refan` fan-out step was retried by hand already.
+    refan_retried: AtomicBool,
 }
 
 /// A completion handler that writes the tracked-items ledger and appends a row to
@@ -197,10 +206,78 @@ fn cancelled() -> Pipeline {
         .chunk_size(CHUNK)
 }
 
+/// `refan`: the first time its split step runs, the operator's cancel of that step's action
+/// is planned right before the next `finish` call, which is the step action's own (one action
+/// at a time): the cancel lands after the step's output is written, through the wrapped store
+/// (not a call of the sweep's).
+fn refan(
+    faulty: Arc<FaultyStore>,
+    inner: DynStore,
+    clock: TestClock,
+    operator: Arc<Operator>,
+) -> Pipeline {
+    Pipeline::new("refan")
+        .step("split", move |ctx| {
+            let (faulty, inner, clock, operator) = (
+                faulty.clone(),
+                inner.clone(),
+                clock.clone(),
+                operator.clone(),
+            );
+            async move {
+                if !operator.refan_cancel_planned.swap(true, Ordering::SeqCst) {
+                    let job = ctx.job_id;
+                    let hook: CallHook = Arc::new(move || {
+                        let (inner, now) = (inner.clone(), clock.now());
+                        Box::pin(async move {
+                            let Ok(running) =
+                                step_actions(&inner, job, vec![ActionStatus::Running]).await
+                            else {
+                                return;
+                            };
+                            for a in running {
+                                let _ = inner.cancel(a.id, now).await;
+                            }
+                        })
+                    });
+                    faulty.on_call("finish", 1, hook);
+                }
+                split(ctx, "rf", REFAN_BATCH).await
+            }
+        })
+        .step("child", slow_child)
+        .chunk_size(CHUNK)
+}
+
+/// The `dockhand.job.step` actions of step 0 of `job` in `statuses`.
+async fn step_actions(
+    store: &DynStore,
+    job: i64,
+    statuses: Vec<ActionStatus>,
+) -> Result<Vec<dockhand::action::Action>, HandlerError> {
+    let all = store
+        .query(&ActionQuery {
+            filter: ActionFilter {
+                hook: Some("dockhand.job.step".into()),
+                ..Default::default()
+            },
+            statuses,
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .map_err(HandlerError::retry)?;
+    Ok(all
+        .into_iter()
+        .filter(|a| a.args["job"] == job && a.args["step"] == 0)
+        .collect())
+}
+
 /// Every item the workload claims.
 pub(super) fn items() -> Vec<String> {
     let mut v: Vec<String> = (0..ITEMS).map(|i| format!("item-{i}")).collect();
     v.extend((0..SMALL_BATCH).map(|i| format!("cx-{i}")));
+    v.extend((0..REFAN_BATCH).map(|i| format!("rf-{i}")));
     v.extend([SOLO_ITEM, DOOMED_ITEM, FREE_ITEM].map(String::from));
     v
 }
@@ -283,6 +360,38 @@ pub(super) async fn cancel_batch(
     result.map(|_| ()).map_err(HandlerError::retry)
 }
 
+/// The operator retries the `refan` fan-out step by hand (once per point), once the step's
+/// action was cancelled and the job is still processing.
+pub(super) async fn retry_refan_step(db: &TestDb, rt: &Runtime, operator: &Operator) {
+    if operator.refan_retried.load(Ordering::SeqCst) {
+        return;
+    }
+    let Some(job) = all_jobs(db)
+        .await
+        .into_iter()
+        .find(|j| j.pipeline == "refan" && j.parent_id.is_none())
+    else {
+        return;
+    };
+    if job.status != JobStatus::Processing {
+        return;
+    }
+    let Ok(stopped) = step_actions(
+        &db.store,
+        job.id,
+        vec![ActionStatus::Canceled, ActionStatus::Failed],
+    )
+    .await
+    else {
+        return;
+    };
+    for a in stopped {
+        if rt.queue().retry(a.id).await.unwrap_or(false) {
+            operator.refan_retried.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
 /// B5 as the sweep checks it: no child of the cancelled `cancel` batch was created, or
 /// completed, after the cancel committed.
 pub(super) async fn cancel_invariant(db: &TestDb, operator: &Operator) -> Vec<String> {
@@ -346,6 +455,12 @@ pub(super) async fn runtime(
         .pipeline(solo())
         .pipeline(doomed())
         .pipeline(cancelled())
+        .pipeline(refan(
+            faulty.clone(),
+            db.store.clone(),
+            clock.clone(),
+            operator.clone(),
+        ))
         .completion_handler("sweep_ledger", Arc::new(SweepLedger))
         .handler(PLAIN_HOOK, {
             let (store, clock) = (store.clone(), clock.clone());
