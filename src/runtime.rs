@@ -305,9 +305,11 @@ impl RuntimeBuilder {
 }
 
 /// How a runtime routes the job engine's actions (see [`crate::store::Routing`]): step,
-/// finish and scheduled-start actions only of the pipelines it has (group `pipeline:<name>`), chunk and finalize
-/// actions (group `dockhand.batch`) only when it has any pipeline. So runtimes with different
-/// pipeline sets share one database without failing each other's jobs, and a runtime without
+/// finish, scheduled-start, chunk and finalize actions only of the pipelines it has (group `pipeline:<name>`;
+/// a batch's chunk and finalize actions carry its parent's pipeline group). Chunk and finalize
+/// actions enqueued before they were routed carry the legacy group `dockhand.batch`: any
+/// runtime that has a pipeline still takes those. So runtimes with different pipeline sets
+/// share one database without failing or running each other's jobs, and a runtime without
 /// pipelines leaves the job engine's actions alone.
 fn engine_routing(pipelines: &PipelineRegistry) -> (Vec<String>, Vec<String>) {
     let hooks = [

@@ -26,7 +26,9 @@ use serde::Serialize;
 pub const CHUNK_HOOK: &str = "dockhand.batch.chunk";
 /// The hook of the finalize action.
 pub const FINALIZE_HOOK: &str = "dockhand.batch.finalize";
-/// The group of chunk and finalize actions (claimed by any runtime that has pipelines).
+/// The group chunk and finalize actions carried before they were routed by pipeline (and
+/// still carry when their parent job row is gone): claimed by any runtime that has pipelines.
+/// Today's carry their parent's pipeline group; see [`action_group`].
 pub const GROUP: &str = "dockhand.batch";
 /// Default number of worklist rows turned into children per chunk action.
 pub const DEFAULT_CHUNK_SIZE: i32 = 100;
@@ -57,12 +59,27 @@ pub fn chunk_owner(chunk_action_id: i64) -> String {
     format!("chunk:{chunk_action_id}")
 }
 
-/// The chunk action for `parent` at `offset`: unique per (parent, offset).
-pub fn chunk_action(parent: i64, offset: i64, priority: i32, now: DateTime<Utc>) -> PreparedAction {
+/// The group of a batch's chunk and finalize actions: the group of its parent's pipeline
+/// (`pipeline:<name>`, [`StepAction::group_for`]), so they are routed like the parent's step
+/// actions, to a runtime that has the pipeline (its children's steps run there too); the
+/// legacy [`GROUP`] when the parent row is gone (`pipeline` is `None`).
+pub fn action_group(pipeline: Option<&str>) -> String {
+    pipeline.map_or_else(|| GROUP.to_string(), StepAction::group_for)
+}
+
+/// The chunk action for `parent` at `offset`, in `group` ([`action_group`]): unique per
+/// (parent, offset).
+pub fn chunk_action(
+    parent: i64,
+    offset: i64,
+    priority: i32,
+    group: String,
+    now: DateTime<Utc>,
+) -> PreparedAction {
     PreparedAction {
         hook: CHUNK_HOOK.to_string(),
         args_json: format!(r#"{{"offset":{offset},"parent":{parent}}}"#),
-        group: Some(GROUP.into()),
+        group: Some(group),
         priority,
         scheduled_at: crate::clock::to_millis(now),
         max_attempts: 25,
@@ -72,12 +89,13 @@ pub fn chunk_action(parent: i64, offset: i64, priority: i32, now: DateTime<Utc>)
     }
 }
 
-/// The finalize action for `parent`: unique per parent among active actions.
-pub fn finalize_action(parent: i64, now: DateTime<Utc>) -> PreparedAction {
+/// The finalize action for `parent`, in `group` ([`action_group`]): unique per parent among
+/// active actions.
+pub fn finalize_action(parent: i64, group: String, now: DateTime<Utc>) -> PreparedAction {
     PreparedAction {
         hook: FINALIZE_HOOK.to_string(),
         args_json: format!(r#"{{"parent":{parent}}}"#),
-        group: Some(GROUP.into()),
+        group: Some(group),
         priority: 0,
         scheduled_at: crate::clock::to_millis(now),
         max_attempts: 25,

@@ -270,8 +270,8 @@ pub trait Store: Send + Sync + 'static {
     /// job is a batch child — bumps the parent's counters (`children_terminal` and one of
     /// `children_completed` (completed) / `children_failed` (failed, cancelled) /
     /// `children_skipped` (skipped, completed_no_items)) and, if the parent is fenced, now has
-    /// every child terminal and is not final, enqueues `batch::finalize_action(parent)`, all in
-    /// the same transaction; then commits.
+    /// every child terminal and is not final, enqueues `batch::finalize_action` (in the
+    /// parent's pipeline group), all in the same transaction; then commits.
     async fn finish_job(
         &self,
         job_id: i64,
@@ -402,7 +402,7 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> Result<FanOutOutcome>;
 
-    /// Enqueues `batch::chunk_action(parent, offset, priority, now)` (unique per parent and
+    /// Enqueues `batch::chunk_action` in the parent's pipeline group (unique per parent and
     /// offset; a duplicate is not an error).
     async fn schedule_chunk(
         &self,
@@ -461,7 +461,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// One transaction (B2, B6): lock the parent; rows still ready/leased → `Outstanding`;
     /// else set `batch_state = 'fenced'` and, if `children_terminal = children_total`,
-    /// enqueue `batch::finalize_action(parent, now)` → `Fenced { finalize_enqueued }`.
+    /// enqueue `batch::finalize_action` → `Fenced { finalize_enqueued }`.
     async fn fence_batch(&self, parent: i64, now: DateTime<Utc>) -> Result<FenceOutcome>;
 
     /// Stops scheduling (B3, B5), one transaction: lock the parent; discard every `ready` row

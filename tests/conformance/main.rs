@@ -126,6 +126,8 @@ conformance!(
     reaped_step_with_bridge_error_is_finished_by_maintenance,
     // Runtimes with different pipeline sets on one database (issue 15, defect 12)
     two_runtimes_with_different_pipelines_finish_their_own_jobs,
+    batch_chunk_and_finalize_run_only_where_the_pipeline_is,
+    chunk_rows_from_before_the_routing_still_run,
     runtime_without_pipelines_leaves_job_actions_alone,
     step_rows_from_before_the_routing_still_run,
     // Scheduled pipelines (issue 17 item 3)

@@ -10,11 +10,12 @@
 //! exactly (`CAST(… AS BINARY)`), never with the trailing-space padding of `=`.
 
 use super::connect::retry_deadlocks;
+use super::enqueue::{batch_group, enqueue_one};
 use super::fence::{
     job_status, lock_parent, release_sidecars, release_unnamed, Rows, TOKENS_PER_STATEMENT,
 };
 use super::jobs::{inserted_id, text};
-use super::{enqueue::enqueue_one, ms, MySqlStore};
+use super::{ms, MySqlStore};
 use crate::action::PreparedAction;
 use crate::batch::{
     chunk_action, chunk_owner, ChildOutcome, ChildSpec, DiscardCause, FanOutOutcome, RowSettle,
@@ -228,7 +229,9 @@ pub(super) async fn schedule_chunk(
     let op = "schedule_chunk";
     let due = retry_deadlocks(op, move || async move {
         let mut tx = store.begin(op).await?;
-        let due = enqueue_due(&mut tx, &chunk_action(parent, offset, priority, now), now).await?;
+        let group = batch_group(&mut tx, parent).await?;
+        let action = chunk_action(parent, offset, priority, group, now);
+        let due = enqueue_due(&mut tx, &action, now).await?;
         tx.commit().await.map_err(Error::db(op))?;
         Ok(due)
     })

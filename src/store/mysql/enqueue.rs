@@ -270,6 +270,21 @@ async fn insert_chunk(
     Ok(ids)
 }
 
+/// The group of `parent`'s chunk and finalize actions ([`crate::batch::action_group`]): its
+/// pipeline's group, read in the caller's transaction.
+pub(super) async fn batch_group(conn: &mut MySqlConnection, parent: i64) -> Result<String> {
+    let row = sqlx::query("SELECT pipeline FROM dockhand_jobs WHERE id = ?")
+        .bind(parent)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(Error::db("batch_group"))?;
+    let pipeline = match row {
+        Some(r) => Some(super::jobs::text(&r, "pipeline")?),
+        None => None,
+    };
+    Ok(crate::batch::action_group(pipeline.as_deref()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

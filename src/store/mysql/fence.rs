@@ -11,6 +11,7 @@
 
 use super::batch::enqueue_due;
 use super::connect::retry_deadlocks;
+use super::enqueue::batch_group;
 use super::jobs::{job_from_row, opt_text, text, JOB_COLUMNS};
 use super::MySqlStore;
 use crate::batch::{
@@ -259,7 +260,7 @@ pub(super) async fn fence_batch(
         .map_err(Error::db(op))?;
         let finalize =
             p.children_terminal == p.children_total && !job_status(parent, &p.status)?.is_final();
-        let due = finalize && enqueue_due(&mut tx, &finalize_action(parent, now), now).await?;
+        let due = finalize && enqueue_finalize(&mut tx, parent, now).await?;
         tx.commit().await.map_err(Error::db(op))?;
         let outcome = FenceOutcome::Fenced {
             finalize_enqueued: finalize,
@@ -345,7 +346,7 @@ pub(super) async fn abort_batch(
         // to final, committed with the mark (B7); the caller may finish the parent at once.
         let due = !job_status(parent, &p.status)?.is_final()
             && state.decision().is_some()
-            && enqueue_due(&mut tx, &finalize_action(parent, now), now).await?;
+            && enqueue_finalize(&mut tx, parent, now).await?;
         tx.commit().await.map_err(Error::db(op))?;
         Ok((state, due))
     })
@@ -494,7 +495,17 @@ pub(super) async fn child_finished(
     {
         return Ok(false);
     }
-    enqueue_due(conn, &finalize_action(parent, now), now).await
+    enqueue_finalize(conn, parent, now).await
+}
+
+/// Enqueues `parent`'s finalize action in its pipeline's group; true when it is due now.
+async fn enqueue_finalize(
+    conn: &mut MySqlConnection,
+    parent: i64,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let group = batch_group(conn, parent).await?;
+    enqueue_due(conn, &finalize_action(parent, group, now), now).await
 }
 
 /// The failed children of `parent` after `after_id`; see [`crate::Store::failed_children`].

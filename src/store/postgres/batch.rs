@@ -16,7 +16,8 @@ pub(super) use end::{
     abort_batch, batch_state, cleanup_worklist, failed_children, fence_batch, settle_work,
 };
 
-use super::{enqueue::enqueue_one, ts, PgStore};
+use super::enqueue::{batch_group, enqueue_one};
+use super::{ts, PgStore};
 use crate::batch::{
     chunk_action, chunk_owner, sidecar_is_malformed, ChildOutcome, ChildSpec, DiscardCause,
     FanOutOutcome, WorkItem, WorkRow,
@@ -218,7 +219,8 @@ pub(super) async fn schedule_chunk(
     now: DateTime<Utc>,
 ) -> Result<()> {
     let mut tx = store.begin("schedule_chunk").await?;
-    let action = chunk_action(parent, offset, priority, now);
+    let group = batch_group(&mut tx, parent).await?;
+    let action = chunk_action(parent, offset, priority, group, now);
     enqueue_one(&mut tx, &action, now, Some(&store.channel)).await?;
     tx.commit().await.map_err(Error::db("schedule_chunk"))?;
     store.wake.notify();

@@ -14,7 +14,8 @@
 //! finalize action there too, so the last child to finish always leaves the parent a wake-up.
 
 use super::claims::{decode_completion, settle};
-use super::{enqueue::enqueue_one, ts, PgStore};
+use super::enqueue::{batch_group, enqueue_one};
+use super::{ts, PgStore};
 use crate::batch::finalize_action;
 use crate::claims::completion::run_in_tx;
 use crate::claims::{
@@ -202,9 +203,10 @@ async fn count_child(
         })?;
     let due = state.as_deref() == Some("fenced") && terminal == total && !parent_status.is_final();
     if due {
+        let group = batch_group(conn, parent).await?;
         enqueue_one(
             conn,
-            &finalize_action(parent, now),
+            &finalize_action(parent, group, now),
             now,
             Some(&store.channel),
         )

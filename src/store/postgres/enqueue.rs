@@ -222,3 +222,15 @@ pub(super) async fn enqueue_bulk(
     tx.commit().await.map_err(Error::db("enqueue_bulk"))?;
     Ok(results.into_iter().flatten().collect())
 }
+
+/// The group of `parent`'s chunk and finalize actions ([`crate::batch::action_group`]): its
+/// pipeline's group, read in the caller's transaction.
+pub(super) async fn batch_group(conn: &mut PgConnection, parent: i64) -> Result<String> {
+    let pipeline: Option<String> =
+        sqlx::query_scalar("SELECT pipeline FROM dockhand_jobs WHERE id = $1")
+            .bind(parent)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(Error::db("batch_group"))?;
+    Ok(crate::batch::action_group(pipeline.as_deref()))
+}

@@ -8,8 +8,9 @@
 //! sidecar (see [`crate::batch::sidecar_text_is_malformed`]) names no token, so discarding its
 //! row releases by job id instead ([`super::fence::RELEASE_UNNAMED`]).
 
+use super::enqueue::{batch_group, enqueue_one};
 use super::fence::{job_status, release_sql, RELEASE_UNNAMED};
-use super::{enqueue::enqueue_one, ms, SqliteStore};
+use super::{ms, SqliteStore};
 use crate::action::PreparedAction;
 use crate::batch::{
     chunk_action, chunk_owner, sidecar_text_is_malformed, ChildOutcome, ChildSpec, DiscardCause,
@@ -230,7 +231,9 @@ pub(super) async fn schedule_chunk(
     now: DateTime<Utc>,
 ) -> Result<()> {
     let mut tx = store.begin_write("schedule_chunk").await?;
-    let due = enqueue_due(&mut tx, &chunk_action(parent, offset, priority, now), now).await?;
+    let group = batch_group(&mut tx, parent).await?;
+    let action = chunk_action(parent, offset, priority, group, now);
+    let due = enqueue_due(&mut tx, &action, now).await?;
     tx.commit().await.map_err(Error::db("schedule_chunk"))?;
     if due {
         store.wake.notify();

@@ -4,6 +4,7 @@
 //! shares: releasing sidecar claims by token ([`release_sql`]) and decoding a job status.
 
 use super::batch::enqueue_due;
+use super::enqueue::batch_group;
 use super::jobs::{job_from_row, JOB_COLUMNS};
 use super::SqliteStore;
 use crate::batch::{
@@ -112,7 +113,7 @@ pub(super) async fn fence_batch(
     .await
     .map_err(Error::db(op))?;
     let finalize = terminal == total && !job_status(parent, &status)?.is_final();
-    let due = finalize && enqueue_due(&mut tx, &finalize_action(parent, now), now).await?;
+    let due = finalize && enqueue_finalize(&mut tx, parent, now).await?;
     tx.commit().await.map_err(Error::db(op))?;
     if due {
         store.wake.notify();
@@ -208,7 +209,7 @@ pub(super) async fn abort_batch(
     // final, committed with the mark (B7); the caller may finish the parent at once too.
     let due = !status.is_final()
         && state.decision().is_some()
-        && enqueue_due(&mut tx, &finalize_action(parent, now), now).await?;
+        && enqueue_finalize(&mut tx, parent, now).await?;
     tx.commit().await.map_err(Error::db(op))?;
     if due {
         store.wake.notify();
@@ -359,7 +360,17 @@ pub(super) async fn child_finished(
     {
         return Ok(false);
     }
-    enqueue_due(conn, &finalize_action(parent, now), now).await
+    enqueue_finalize(conn, parent, now).await
+}
+
+/// Enqueues `parent`'s finalize action in its pipeline's group; true when it is due now.
+async fn enqueue_finalize(
+    conn: &mut SqliteConnection,
+    parent: i64,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let group = batch_group(conn, parent).await?;
+    enqueue_due(conn, &finalize_action(parent, group, now), now).await
 }
 
 /// The failed children of `parent` after `after_id`; see [`crate::Store::failed_children`].

@@ -1,9 +1,11 @@
 //! Runtimes with different pipeline sets on one database (issue 15, defect 12): each claims
 //! only the job engine's actions of the pipelines it has, so neither fails the other's jobs as
-//! `unrunnable`, and steps enqueued before the routing existed still run.
+//! `unrunnable`, a batch's chunk and finalize actions run only where its pipeline is, and
+//! steps and chunks enqueued before the routing existed still run.
 
 use super::batches::{actions, batch_pipeline, children, ok_child};
 use crate::harness::TestDb;
+use dockhand::batch::{chunk_action, CHUNK_HOOK, FINALIZE_HOOK, GROUP};
 use dockhand::{ActionStatus, Clock, DynStore, JobStatus, Pipeline, Runtime, StepOutput};
 use serde_json::json;
 
@@ -107,4 +109,61 @@ pub async fn step_rows_from_before_the_routing_still_run(db: TestDb) {
     db.store.enqueue(&legacy, now).await.unwrap();
     rt.drain(100).await.unwrap();
     assert_eq!(status(&rt, job).await.0, JobStatus::Completed);
+}
+
+/// A batch's chunk and finalize actions are routed by its parent's pipeline (group
+/// `pipeline:<name>`, issue 15): runtime A (pipeline `alpha`) never claims those of B's batch,
+/// at any point of the batch; B runs them all. Before they carried the group `dockhand.batch`
+/// and any runtime with a pipeline took them (and A, without B's completion handlers, would
+/// finalize B's parent).
+pub async fn batch_chunk_and_finalize_run_only_where_the_pipeline_is(db: TestDb) {
+    let a = runtime(&db, db.store.clone(), one_step("alpha")).await;
+    let b = runtime(&db, db.open_another().await, batch_pipeline(5, 2, ok_child)).await;
+    let parent = b.jobs().start("batch", json!({})).await.unwrap();
+    let mut rounds = 0;
+    while !status(&b, parent).await.0.is_final() {
+        assert_eq!(
+            a.drain(1000).await.unwrap(),
+            0,
+            "A claims none of B's actions"
+        );
+        assert!(
+            b.run_due_once().await.unwrap() > 0,
+            "B has work until the end"
+        );
+        rounds += 1;
+        assert!(rounds < 100, "the batch finishes");
+    }
+    assert_eq!(status(&b, parent).await, (JobStatus::Completed, None));
+    assert_eq!(children(&b, parent).await.len(), 5);
+    for hook in [CHUNK_HOOK, FINALIZE_HOOK] {
+        let mine: Vec<_> = actions(&b, hook)
+            .await
+            .into_iter()
+            .filter(|x| x.args["parent"] == json!(parent))
+            .collect();
+        assert!(!mine.is_empty(), "{hook} actions ran");
+        for x in mine {
+            assert_eq!(x.group.as_deref(), Some("pipeline:batch"), "{hook}");
+            assert_eq!(x.status, ActionStatus::Complete, "{hook}");
+        }
+    }
+    assert!(b.jobs().check().await.unwrap().is_empty());
+}
+
+/// A chunk action enqueued before the routing, with the group `dockhand.batch` (as earlier
+/// versions wrote it), is still claimed and run: the batch completes.
+pub async fn chunk_rows_from_before_the_routing_still_run(db: TestDb) {
+    let rt = runtime(&db, db.store.clone(), batch_pipeline(3, 10, ok_child)).await;
+    let parent = rt.jobs().start("batch", json!({})).await.unwrap();
+    assert_eq!(rt.run_due_once().await.unwrap(), 1, "the split step");
+    let chunk = actions(&rt, CHUNK_HOOK).await[0].clone();
+    assert_eq!(chunk.status, ActionStatus::Pending);
+    rt.queue().cancel(chunk.id).await.unwrap();
+    let now = db.clock.now();
+    let legacy = chunk_action(parent, 0, chunk.priority, GROUP.into(), now);
+    db.store.enqueue(&legacy, now).await.unwrap();
+    rt.drain(1000).await.unwrap();
+    assert_eq!(status(&rt, parent).await, (JobStatus::Completed, None));
+    assert_eq!(children(&rt, parent).await.len(), 3);
 }

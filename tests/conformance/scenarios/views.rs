@@ -5,7 +5,7 @@
 
 use crate::harness::TestDb;
 use chrono::Duration;
-use dockhand::batch::{chunk_action, finalize_action};
+use dockhand::batch::{action_group, chunk_action, finalize_action};
 use dockhand::claims::{ClaimItemRequest, ClaimOutcome, CompletionConfig};
 use dockhand::jobs::{NewJob, StepAction};
 use dockhand::search::{ClaimSearch, IdPage, JobSearch};
@@ -174,11 +174,11 @@ pub async fn ops_job_pages_and_a_jobs_own_actions(db: TestDb) {
     let (job, other) = (ids[4], ids[4] * 10 + 1);
     for p in [
         step().action(job, 1, now),
-        chunk_action(job, 0, 0, now),
-        finalize_action(job, now),
+        chunk_action(job, 0, 0, action_group(None), now),
+        finalize_action(job, action_group(None), now),
         step().action(other, 0, now),
-        chunk_action(other, 0, 0, now),
-        finalize_action(other, now),
+        chunk_action(other, 0, 0, action_group(None), now),
+        finalize_action(other, action_group(None), now),
     ] {
         db.store.enqueue(&p, now).await.unwrap();
     }

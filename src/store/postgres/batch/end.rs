@@ -16,8 +16,9 @@ use crate::batch::{
 };
 use crate::error::{Error, Result};
 use crate::state::JobStatus;
+use crate::store::postgres::enqueue::{batch_group, enqueue_one};
 use crate::store::postgres::jobs::{job_from_row, COLUMNS};
-use crate::store::postgres::{enqueue::enqueue_one, PgStore};
+use crate::store::postgres::PgStore;
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
@@ -112,9 +113,10 @@ pub(in crate::store::postgres) async fn fence_batch(
     .map_err(Error::db(op))?;
     let due = st.children_terminal == st.children_total && !status.is_final();
     if due {
+        let group = batch_group(&mut tx, parent).await?;
         enqueue_one(
             &mut tx,
-            &finalize_action(parent, now),
+            &finalize_action(parent, group, now),
             now,
             Some(&store.channel),
         )
@@ -214,9 +216,10 @@ pub(in crate::store::postgres) async fn abort_batch(
     // final, committed with the mark (B7); the caller may finish the parent at once too.
     let due = !status.is_final() && st.decision().is_some();
     if due {
+        let group = batch_group(&mut tx, parent).await?;
         enqueue_one(
             &mut tx,
-            &finalize_action(parent, now),
+            &finalize_action(parent, group, now),
             now,
             Some(&store.channel),
         )
