@@ -45,6 +45,8 @@ impl SqliteStore {
                 writer: pool.clone(),
                 reader: pool,
                 wake: Wakeup::new(),
+                enqueues: Default::default(),
+                _checkpointer: None,
             });
         }
         let path = base.get_filename().display().to_string();
@@ -59,11 +61,12 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal);
         // No liveness ping before each acquire: a local file connection does not go stale, and
-        // the ping is a round trip to the worker thread on every store call.
+        // the ping is a round trip to the worker thread on every store call. The writer never
+        // checkpoints: the background checkpointer does (see `Checkpointer`).
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .test_before_acquire(false)
-            .connect_with(opts.clone())
+            .connect_with(opts.clone().pragma("wal_autocheckpoint", "0"))
             .await
             .map_err(opened)?;
         check_pragmas(&writer).await?;
@@ -73,10 +76,13 @@ impl SqliteStore {
             .connect_with(opts)
             .await
             .map_err(opened)?;
+        let checkpointer = Some(Checkpointer::start(reader.clone()));
         Ok(Self {
             writer,
             reader,
             wake: Wakeup::new(),
+            enqueues: Default::default(),
+            _checkpointer: checkpointer,
         })
     }
 
@@ -110,6 +116,49 @@ impl SqliteStore {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(Error::db(op))
+    }
+}
+
+/// How often the background checkpointer copies the WAL into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
+
+/// Checkpoints the WAL from a reader connection in the background (`PRAGMA
+/// wal_checkpoint(PASSIVE)`: it waits for nobody and nobody waits for it). SQLite's automatic
+/// checkpoint runs inside whichever commit crosses 1000 WAL pages, and its fsync of the
+/// database file then lands on that caller: with `synchronous = NORMAL` it is the only fsync
+/// on the write path, and it set the tail of enqueue-to-start latency (docs/BENCHMARKS.md).
+/// The writer connection has automatic checkpoints off; this task takes them over and stops
+/// when the store is dropped or its pools close.
+pub(super) struct Checkpointer(tokio::task::JoinHandle<()>);
+
+impl Checkpointer {
+    fn start(reader: SqlitePool) -> Self {
+        Self(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(CHECKPOINT_EVERY).await;
+                if reader.is_closed() {
+                    return;
+                }
+                if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                    .execute(&reader)
+                    .await
+                {
+                    tracing::debug!(error = %e, "background WAL checkpoint failed; retrying");
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl std::fmt::Debug for Checkpointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Checkpointer")
     }
 }
 
