@@ -112,10 +112,30 @@ impl SqliteStore {
         &self,
         op: &'static str,
     ) -> Result<Transaction<'static, Sqlite>> {
-        self.writer
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(Error::db(op))
+        begin_immediate(&self.writer, op).await
+    }
+}
+
+/// `BEGIN IMMEDIATE` on `pool`, safe to cancel. sqlx's `begin_with` (0.8) awaits twice: the
+/// BEGIN (rolled back by sqlx's worker if its caller is gone) and then a check that the
+/// connection is in a transaction; a caller dropped at that second await (a runtime aborted,
+/// a timed-out call) leaves the pooled connection inside an open write transaction that no
+/// `Transaction` will ever end: every later write on it joins that transaction and never
+/// commits, and every later `begin_with` fails with `InvalidSavePointStatement`. The begin
+/// therefore runs on its own task: a caller dropped meanwhile drops the finished
+/// `Transaction`, which rolls back.
+pub(super) async fn begin_immediate(
+    pool: &SqlitePool,
+    op: &'static str,
+) -> Result<Transaction<'static, Sqlite>> {
+    let pool = pool.clone();
+    match tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await }).await {
+        Ok(begun) => begun.map_err(Error::db(op)),
+        // The task panicked or the runtime is shutting down: no transaction to hand out.
+        Err(_) => Err(Error::Database {
+            op,
+            source: sqlx::Error::WorkerCrashed,
+        }),
     }
 }
 

@@ -55,10 +55,7 @@ async fn write_batch(
         let rows: Vec<(&PreparedAction, DateTime<Utc>)> =
             batch.iter().map(|(a, now)| (a, *now)).collect();
         let together = async {
-            let mut tx = writer
-                .begin_with("BEGIN IMMEDIATE")
-                .await
-                .map_err(Error::db("enqueue"))?;
+            let mut tx = super::connect::begin_immediate(writer, "enqueue").await?;
             let ids = enqueue_rows(&mut tx, &rows).await?;
             tx.commit().await.map_err(Error::db("enqueue"))?;
             Ok::<_, Error>(ids)

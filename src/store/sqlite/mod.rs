@@ -22,6 +22,8 @@ mod batch;
 #[cfg(test)]
 mod batch_tests;
 mod bridge;
+#[cfg(test)]
+mod cancel_tests;
 mod claim;
 mod claim_upkeep;
 mod claims;
