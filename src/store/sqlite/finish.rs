@@ -4,7 +4,7 @@
 //! [`FinishResult::LeaseLost`] and only a `lease_lost` log row is written. A step action that
 //! ends failed enqueues its job's finish action in the same transaction (`jobs::finish`). A
 //! completion's `completed` log row is written by the `dockhand_actions_log_completed` trigger
-//! (0013).
+//! (0014).
 
 use super::enqueue::enqueue_one;
 use super::{ms, SqliteStore};
@@ -54,7 +54,7 @@ pub(super) async fn finish(
 
 /// The set-based completion (binds: `$now` the finish time, `$pairs` a JSON array of
 /// `[id, token]`), each row guarded by id + token + status; returns the ids it completed as
-/// `done_id`. Their `completed` log rows come from the 0013 trigger, in the same statement.
+/// `done_id`. Their `completed` log rows come from the 0014 trigger, in the same statement.
 macro_rules! complete_set_sql {
     ($now:literal, $pairs:literal) => {
         concat!(
@@ -167,7 +167,7 @@ pub(super) async fn log_lost_completions(
     Ok(results)
 }
 
-/// Completes every `[id, token]` pair still running under that token (the 0013 trigger logs
+/// Completes every `[id, token]` pair still running under that token (the 0014 trigger logs
 /// `completed` for each) and returns the ids that were.
 async fn complete_set(
     conn: &mut SqliteConnection,
@@ -227,7 +227,7 @@ async fn finish_on(
         .await
         .map_err(Error::db("finish"))?;
     let result = if done.rows_affected() == 1 {
-        // A completion's `completed` row comes from the 0013 trigger.
+        // A completion's `completed` row comes from the 0014 trigger.
         if !matches!(outcome, Finish::Complete) {
             let (event, detail) = outcome.log_entry();
             log(tx, lease.id, now, event, detail).await?;

@@ -1,4 +1,4 @@
--- dockhand 0013: the `completed` log row is written by a trigger inside the statement that
+-- dockhand 0014: the `completed` log row is written by a trigger inside the statement that
 -- completes the action (as 0004 did for `created` and `started`), so a batch of completions is
 -- one statement, and can share one round trip to SQLite's worker thread with the next claim.
 CREATE TRIGGER dockhand_actions_log_completed AFTER UPDATE OF status ON dockhand_actions
