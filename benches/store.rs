@@ -1,7 +1,8 @@
 //! Criterion benches of the store's hot paths (DESIGN §10): claim batch and finish batch (8 at
-//! a time off a large pending set that is topped up outside the timer), bulk enqueue, and
-//! item-claim contention (64 tasks racing for one item; 64 tasks claiming distinct
-//! items).
+//! a time off a large pending set that is topped up outside the timer), claim-ahead refills
+//! (64 runners at once each completing its previous refill and claiming the next in one
+//! `finish_and_claim` round, on one queue), bulk enqueue, and item-claim contention (64 tasks
+//! racing for one item; 64 tasks claiming distinct items).
 //!
 //! SQLite always (a temp file per group, opened as `dockhand::connect` opens it: WAL,
 //! synchronous=NORMAL); PostgreSQL too when DOCKHAND_TEST_POSTGRES_URL is set (a fresh schema
@@ -24,7 +25,7 @@ use dockhand::store::postgres::PgStore;
 use dockhand::store::sqlite::SqliteStore;
 use dockhand::store::traced::Traced;
 use dockhand::store::{ClaimRequest, ClaimedAction, Finish, FinishResult};
-use dockhand::{ActionSpec, DynStore};
+use dockhand::{ActionSpec, DynStore, Store};
 use serde_json::json;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +37,10 @@ use tokio::runtime::Runtime;
 const BATCH: usize = 8;
 /// Pending actions kept under the claim and finish benches.
 const PENDING: usize = 20_000;
+/// Runners refilling their claim-ahead buffers at once, and actions per refill (the
+/// runner's default prefetch).
+const RUNNERS: usize = 64;
+const REFILL: usize = dockhand::runner::DEFAULT_PREFETCH;
 /// Rows per bulk enqueue.
 const BULK: usize = 1_000;
 /// Tasks racing in the item-claim benches.
@@ -73,6 +78,11 @@ enum Cleanup {
 }
 
 async fn fresh(backend: &Backend) -> Db {
+    fresh_with(backend, 16).await
+}
+
+/// A fresh database whose pool (PostgreSQL, MySQL) holds up to `connections`.
+async fn fresh_with(backend: &Backend, connections: u32) -> Db {
     let (store, cleanup): (DynStore, Cleanup) = match backend {
         Backend::Sqlite => {
             let dir = tempfile::tempdir().expect("temp dir");
@@ -82,7 +92,15 @@ async fn fresh(backend: &Backend) -> Db {
         }
         Backend::Postgres(url) => {
             let schema = format!("dh_crit_{:016x}", fastrand::u64(..));
-            let store = PgStore::connect_in_schema(url, &schema)
+            PgStore::connect_in_schema(url, &schema)
+                .await
+                .expect("create schema")
+                .close()
+                .await;
+            let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(url)
+                .expect("PostgreSQL URL")
+                .options([("search_path", schema.as_str())]);
+            let store = PgStore::connect_with(options, connections)
                 .await
                 .expect("open PostgreSQL");
             let cleanup = Cleanup::Schema {
@@ -97,7 +115,7 @@ async fn fresh(backend: &Backend) -> Db {
                 .await
                 .expect("create MySQL database");
             let options = MySqlStore::url_for_database(url, &name).expect("MySQL URL");
-            let store = MySqlStore::connect_with(options, 16)
+            let store = MySqlStore::connect_with(options, connections)
                 .await
                 .expect("open MySQL");
             let cleanup = Cleanup::Database {
@@ -284,6 +302,86 @@ fn bulk_enqueue(c: &mut Criterion, rt: &Runtime, backends: &[Backend]) {
     );
 }
 
+/// One claim-ahead refill of each of [`RUNNERS`] runners at once (timed): each completes the
+/// actions of its previous refill and claims the next [`REFILL`] in one
+/// `Store::finish_and_claim` round, as a runner's claim loop does. The pending set is topped up
+/// outside the timer; no action may be claimed twice.
+fn refill_contention(c: &mut Criterion, rt: &Runtime, backends: &[Backend]) {
+    let mut g = c.benchmark_group("claim_ahead_refill");
+    g.throughput(Throughput::Elements((RUNNERS * REFILL) as u64));
+    for backend in backends {
+        let db = rt.block_on(fresh_with(backend, RUNNERS as u32));
+        rt.block_on(seed(&db.store, PENDING));
+        let left = Arc::new(AtomicU64::new(PENDING as u64));
+        let held: Arc<std::sync::Mutex<Vec<Vec<ClaimedAction>>>> =
+            Arc::new(std::sync::Mutex::new(vec![Vec::new(); RUNNERS]));
+        g.bench_function(backend.name(), |b| {
+            b.to_async(rt).iter_custom(|iters| {
+                let (store, left, held) =
+                    (Arc::clone(&db.store), Arc::clone(&left), Arc::clone(&held));
+                async move {
+                    let mut timed = Duration::ZERO;
+                    for _ in 0..iters {
+                        if left.load(Ordering::Relaxed) < (RUNNERS * REFILL) as u64 {
+                            seed(&store, PENDING).await;
+                            left.fetch_add(PENDING as u64, Ordering::Relaxed);
+                        }
+                        let previous = std::mem::take(&mut *held.lock().expect("held"));
+                        let t = Instant::now();
+                        let rounds: Vec<_> = previous
+                            .into_iter()
+                            .enumerate()
+                            .map(|(k, prev)| {
+                                let store = Arc::clone(&store);
+                                tokio::spawn(async move { refill(&store, k, prev).await })
+                            })
+                            .collect();
+                        let mut next = Vec::with_capacity(RUNNERS);
+                        for r in rounds {
+                            next.push(r.await.expect("refill task"));
+                        }
+                        timed += t.elapsed();
+                        let mut ids: Vec<i64> = next.iter().flatten().map(|a| a.id).collect();
+                        let claimed = ids.len();
+                        ids.sort_unstable();
+                        ids.dedup();
+                        assert_eq!(ids.len(), claimed, "an action was claimed twice");
+                        left.fetch_sub(claimed as u64, Ordering::Relaxed);
+                        *held.lock().expect("held") = next;
+                    }
+                    timed
+                }
+            })
+        });
+        rt.block_on(db.remove());
+    }
+    g.finish();
+}
+
+/// Runner `k`'s round: complete `previous`, claim the next refill.
+async fn refill(store: &DynStore, k: usize, previous: Vec<ClaimedAction>) -> Vec<ClaimedAction> {
+    let now = Utc::now();
+    let owner = format!("{OWNER}-{k}");
+    let items: Vec<_> = previous
+        .iter()
+        .map(|a| (a.lease(), Finish::Complete))
+        .collect();
+    let req = ClaimRequest {
+        owner: &owner,
+        limit: REFILL as i64,
+        now,
+        lease_until: now + chrono::Duration::seconds(300),
+        hooks: None,
+        routing: None,
+    };
+    let round = store
+        .finish_and_claim(&items, &req, now)
+        .await
+        .expect("finish_and_claim");
+    assert!(round.finished.iter().all(|r| *r == FinishResult::Applied));
+    round.claimed.expect("claim")
+}
+
 static ITEM: AtomicU64 = AtomicU64::new(0);
 
 fn request(item_id: String) -> ClaimItemRequest {
@@ -375,6 +473,7 @@ fn main() {
         .configure_from_args();
     claim_batch(&mut c, &rt, &backends);
     finish_batch(&mut c, &rt, &backends);
+    refill_contention(&mut c, &rt, &backends);
     bulk_enqueue(&mut c, &rt, &backends);
     item_claims(&mut c, &rt, &backends);
     c.final_summary();

@@ -169,8 +169,17 @@ impl Error {
                     matches!(mysql_number, Some(1213) | Some(1205))
                         || matches!(
                             db.code().as_deref(),
-                            // SQLite busy/locked, Postgres serialization failure/deadlock.
-                            Some("5") | Some("6") | Some("517") | Some("40001") | Some("40P01")
+                            // SQLite busy/locked, Postgres serialization failure/deadlock,
+                            // Postgres backend terminated or server restarting (the pooled
+                            // connection is gone; a new one works).
+                            Some("5")
+                                | Some("6")
+                                | Some("517")
+                                | Some("40001")
+                                | Some("40P01")
+                                | Some("57P01")
+                                | Some("57P02")
+                                | Some("57P03")
                         )
                 }
                 _ => false,

@@ -140,6 +140,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Actions claimed ahead of free slots into the runner's buffer (leased, heartbeated,
+    /// started in claim order, given back at shutdown); 0 claims only for free slots. Default
+    /// [`crate::runner::DEFAULT_PREFETCH`]. See [`RunnerConfig::prefetch`].
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.runner.prefetch = n;
+        self
+    }
+
     /// Idle poll interval. Default 1 s.
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.runner.poll_interval = d;
@@ -489,6 +497,21 @@ impl RuntimeHandle {
             tracing::error!(error = %e, "maintenance task ended abnormally");
         }
         if let Some(sync) = self.clock_sync {
+            let _ = sync.await;
+        }
+    }
+
+    /// Stops everything at once without giving anything back, as a killed process would:
+    /// handlers are dropped mid-run and the leases of running and buffered actions stay until
+    /// they expire, when the reaper puts them back (counting the attempt). For crash tests;
+    /// stop a pool with [`RuntimeHandle::shutdown`].
+    pub async fn abort(self) {
+        self.runner.abort();
+        self.maintenance.abort();
+        let _ = self.runner.await;
+        let _ = self.maintenance.await;
+        if let Some(sync) = self.clock_sync {
+            sync.abort();
             let _ = sync.await;
         }
     }

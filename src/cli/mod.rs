@@ -459,6 +459,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub concurrency: u32,
+    /// Actions claimed ahead of free slots while the queue is deep (held leased, started in
+    /// claim order, given back at shutdown); 0 claims only for free slots.
+    #[arg(long, value_name = "N", default_value_t = crate::runner::DEFAULT_PREFETCH as u32,
+          value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub prefetch: u32,
 }
 
 /// Options of `dockhand demo`.

@@ -148,6 +148,7 @@ async fn stop_signal() -> std::io::Result<()> {
 pub(crate) async fn run_worker(url: &str, a: &RunArgs, out: Output) -> Result<(), CliError> {
     let runtime = demo::register_demo_hooks(Runtime::builder(url))
         .concurrency(a.concurrency as usize)
+        .prefetch(a.prefetch as usize)
         .only_registered_hooks(true)
         .build()
         .await?;

@@ -38,7 +38,7 @@ impl Runner {
         &self,
         action: ClaimedAction,
         acks: Option<&super::acks::AckSender>,
-        slot: Option<super::RunSlot>,
+        slot: Option<super::held::RunSlot>,
     ) -> Option<FinishResult> {
         let span = tracing::info_span!(
             "dockhand.action.run",

@@ -43,6 +43,35 @@ fn db(op: &'static str) -> impl Fn(sqlx::Error) -> Error {
     move |e| Error::db(op)(e)
 }
 
+/// How often the row-lock blocker starts over after a deadlock.
+const DEADLOCK_RETRIES: usize = 5;
+
+/// Locks up to 50 pending or running actions (`FOR UPDATE`) on an open transaction
+/// (`$conn`), waiting up to 10 s for some to exist (an idle queue has none); evaluates to how
+/// many it locked.
+macro_rules! lock_rows {
+    ($conn:expr) => {
+        async {
+            const ROWS: &str = "SELECT id FROM dockhand_actions \
+                                WHERE status IN ('pending', 'running') \
+                                ORDER BY id LIMIT 50 FOR UPDATE";
+            let mut n = 0;
+            for _ in 0..50 {
+                n = sqlx::query(ROWS)
+                    .fetch_all(&mut *$conn)
+                    .await
+                    .map_err(db("lock rows"))?
+                    .len();
+                if n > 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Ok::<u64, Error>(n as u64)
+        }
+    };
+}
+
 impl ChaosDb {
     /// Opens a pool of `max` connections on `url` (SQLite waits up to 60 s for a busy writer).
     pub async fn connect(url: &str, max: u32) -> Result<Self> {
@@ -238,9 +267,6 @@ impl ChaosDb {
     /// IMMEDIATE`), so no other process can write. Returns how many rows were locked (SQLite:
     /// 1 for the database).
     pub async fn hold_locks(&self, hold: Duration) -> Result<u64> {
-        const ROWS: &str = "SELECT id FROM dockhand_actions \
-                            WHERE status IN ('pending', 'running') \
-                            ORDER BY id LIMIT 50 FOR UPDATE";
         match self {
             Self::Sqlite(p) => {
                 let mut c = p.acquire().await.map_err(db("acquire"))?;
@@ -252,41 +278,44 @@ impl ChaosDb {
                 Ok(1)
             }
             Self::Postgres(p) => {
-                let mut tx = p.begin().await.map_err(db("begin"))?;
-                let mut n = 0;
-                // Wait up to 10 s for rows to lock (an idle queue has none).
-                for _ in 0..50 {
-                    n = sqlx::query(ROWS)
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(db("lock rows"))?
-                        .len();
-                    if n > 0 {
-                        break;
+                // A deadlock with a worker's transaction (this one locks in id order, theirs
+                // do not always) is retried: the fault is the lock held, not the deadlock.
+                for _ in 0..DEADLOCK_RETRIES {
+                    let mut tx = p.begin().await.map_err(db("begin"))?;
+                    match lock_rows!(tx).await {
+                        Ok(n) => {
+                            tokio::time::sleep(hold).await;
+                            tx.rollback().await.map_err(db("rollback"))?;
+                            return Ok(n);
+                        }
+                        Err(e) if e.is_transient() => {
+                            let _ = tx.rollback().await;
+                        }
+                        Err(e) => return Err(e),
                     }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
                 }
-                tokio::time::sleep(hold).await;
-                tx.rollback().await.map_err(db("rollback"))?;
-                Ok(n as u64)
+                Err(Error::Config(
+                    "row lock blocker: deadlocked on every try".into(),
+                ))
             }
             Self::MySql(p) => {
-                let mut tx = p.begin().await.map_err(db("begin"))?;
-                let mut n = 0;
-                for _ in 0..50 {
-                    n = sqlx::query(ROWS)
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(db("lock rows"))?
-                        .len();
-                    if n > 0 {
-                        break;
+                for _ in 0..DEADLOCK_RETRIES {
+                    let mut tx = p.begin().await.map_err(db("begin"))?;
+                    match lock_rows!(tx).await {
+                        Ok(n) => {
+                            tokio::time::sleep(hold).await;
+                            tx.rollback().await.map_err(db("rollback"))?;
+                            return Ok(n);
+                        }
+                        Err(e) if e.is_transient() => {
+                            let _ = tx.rollback().await;
+                        }
+                        Err(e) => return Err(e),
                     }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
                 }
-                tokio::time::sleep(hold).await;
-                tx.rollback().await.map_err(db("rollback"))?;
-                Ok(n as u64)
+                Err(Error::Config(
+                    "row lock blocker: deadlocked on every try".into(),
+                ))
             }
         }
     }

@@ -65,6 +65,18 @@ macro_rules! delegate_store {
             ) -> Result<Vec<FinishResult>> {
                 $around!(self, "finish_many", self.inner.finish_many(items, now))
             }
+            async fn finish_and_claim(
+                &self,
+                items: &[(Lease, Finish)],
+                req: &ClaimRequest<'_>,
+                now: DateTime<Utc>,
+            ) -> Result<FinishAndClaim> {
+                $around!(
+                    self,
+                    "finish_and_claim",
+                    self.inner.finish_and_claim(items, req, now)
+                )
+            }
             async fn cancel(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {
                 $around!(self, "cancel", self.inner.cancel(id, now))
             }

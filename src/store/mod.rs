@@ -38,6 +38,7 @@ pub mod chaos;
 mod claim_rules;
 mod delegate;
 pub mod faulty;
+pub(crate) mod group_commit;
 pub mod mysql;
 pub mod operator;
 pub mod postgres;
@@ -54,8 +55,8 @@ pub use reach::{probe, DEFAULT_CONNECT_TIMEOUT};
 pub use redact::{redact_text, redact_url};
 
 pub use types::{
-    Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
-    JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Routing, ThroughputBucket,
+    Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishAndClaim,
+    FinishResult, JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Routing, ThroughputBucket,
 };
 
 /// Every database action the runtime needs. Implemented by [`sqlite::SqliteStore`],
@@ -110,6 +111,22 @@ pub trait Store: Send + Sync + 'static {
             out.push(self.finish(*lease, outcome, now).await?);
         }
         Ok(out)
+    }
+
+    /// A runner's round: finishes `items` exactly as [`Store::finish_many`] does, then claims
+    /// as [`Store::claim`] does, in one round trip where the backend can (one transaction or
+    /// statement: the acknowledgements ride with the next claim). An error means none of the
+    /// finishes is known to be written; a claim failure after the finishes were written is
+    /// reported in [`FinishAndClaim::claimed`]. The default makes the two calls.
+    async fn finish_and_claim(
+        &self,
+        items: &[(Lease, Finish)],
+        req: &ClaimRequest<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<FinishAndClaim> {
+        let finished = self.finish_many(items, now).await?;
+        let claimed = self.claim(req).await;
+        Ok(FinishAndClaim { finished, claimed })
     }
 
     /// Cancels a pending or running action; false if it was neither.
@@ -626,6 +643,12 @@ pub trait Store: Send + Sync + 'static {
     /// Closes the connection pool.
     async fn close(&self);
 }
+
+/// PostgreSQL and MySQL pools ping a pooled connection before handing it out only when it
+/// sat idle at least this long: sqlx's default pings on every acquire, a full round trip per
+/// store call on a busy pool (and the hot path's calls are one statement each). A connection
+/// that broke while busy fails its next statement instead, which callers treat as transient.
+pub(crate) const IDLE_PING_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A shared, dynamically chosen store.
 pub type DynStore = Arc<dyn Store>;

@@ -207,6 +207,16 @@ pub enum FinishResult {
     LeaseLost,
 }
 
+/// What [`crate::Store::finish_and_claim`] did.
+#[derive(Debug)]
+pub struct FinishAndClaim {
+    /// One result per finish, in input order; all of them are written.
+    pub finished: Vec<FinishResult>,
+    /// The claimed actions in claim order, or why the claim failed. A backend writing both
+    /// in one transaction fails the whole call instead, so this is then always `Ok`.
+    pub claimed: crate::error::Result<Vec<ClaimedAction>>,
+}
+
 /// What the lease reaper did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ReapReport {

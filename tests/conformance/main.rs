@@ -23,6 +23,13 @@ conformance!(
     s_a10_retention_prunes_old_finished_in_batches,
     s_a11_bad_input_is_named_and_harmless,
     runner_only_registered_hooks_leaves_others_pending,
+    // Claim-ahead (Q3 prefetch)
+    prefetch_buffer_is_given_back_at_shutdown_uncounted,
+    prefetch_killed_runner_buffer_is_reaped,
+    prefetch_claim_order_is_start_order_across_refills,
+    prefetch_lapsing_buffered_lease_is_given_back_not_started,
+    prefetch_two_runners_drain_without_running_twice,
+    store_finish_and_claim_guards_each_completion_and_claims_in_order,
     // Store API coverage
     store_bulk_enqueue_keeps_order_and_dedupes,
     store_query_filters_paging_and_order,

@@ -82,6 +82,11 @@ pub struct BenchArgs {
     #[arg(long, value_name = "C", default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub concurrency: u32,
+    /// Actions each runtime claims ahead of its free slots (W2, W3); 0 claims only for free
+    /// slots.
+    #[arg(long, value_name = "N", default_value_t = crate::runner::DEFAULT_PREFETCH as u32,
+          value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub prefetch: u32,
     /// Workloads to run, comma-separated, in this order [default: W1,W1b,W2,W3].
     #[arg(
         long,

@@ -72,7 +72,7 @@ pub(super) async fn run(
             enqueue_bulk(&queue, a.n).await?;
             let counter = Arc::new(RunCounter::new(a.n as usize));
             let c = Arc::clone(&counter);
-            let runtime = runtime(fresh, a.concurrency, move |i| c.ran(i)).await?;
+            let runtime = runtime(fresh, a, move |i| c.ran(i)).await?;
             let start = Instant::now();
             let handle = runtime.start().await?;
             let done = wait_all(&counter, &queue, a.n).await;
@@ -95,7 +95,7 @@ async fn w3(fresh: &Fresh, a: &BenchArgs, mut m: Measurement) -> Result<Measurem
     let enqueued: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; n]));
     let started: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; n]));
     let (c, s) = (Arc::clone(&counter), Arc::clone(&started));
-    let runtime = runtime(fresh, a.concurrency, move |i| {
+    let runtime = runtime(fresh, a, move |i| {
         let now = Instant::now();
         let first = c.ran(i);
         if first {
@@ -171,14 +171,15 @@ async fn enqueue_bulk(queue: &Queue, n: u32) -> Result<(), CliError> {
 
 /// A runtime over the fresh store with one no-op handler for [`HOOK`]; `on_run(i)` is called
 /// at the start of each run of job `i` and returns whether it was that job's first run.
-async fn runtime<F>(fresh: &Fresh, concurrency: u32, on_run: F) -> Result<Runtime, CliError>
+async fn runtime<F>(fresh: &Fresh, a: &BenchArgs, on_run: F) -> Result<Runtime, CliError>
 where
     F: Fn(usize) -> bool + Send + Sync + 'static,
 {
     let on_run = Arc::new(on_run);
     let runtime = Runtime::with_store(Arc::clone(&fresh.store))
         .migrate(false)
-        .concurrency(concurrency as usize)
+        .concurrency(a.concurrency as usize)
+        .prefetch(a.prefetch as usize)
         .poll_interval(POLL)
         .handler(HOOK, move |ctx| {
             let on_run = Arc::clone(&on_run);

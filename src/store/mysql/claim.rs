@@ -33,7 +33,7 @@ pub(super) async fn claim(
     .await
 }
 
-async fn claim_on(
+pub(super) async fn claim_on(
     conn: &mut MySqlConnection,
     req: &ClaimRequest<'_>,
 ) -> Result<Vec<ClaimedAction>> {

@@ -64,6 +64,16 @@ impl MySqlStore {
     pub async fn connect_with(options: MySqlConnectOptions, max_connections: u32) -> Result<Self> {
         let pool = MySqlPoolOptions::new()
             .max_connections(max_connections.max(1))
+            // A liveness ping only for a connection idle a while (see `IDLE_PING_AFTER`).
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= crate::store::IDLE_PING_AFTER {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .after_connect(|conn, _meta| {
                 Box::pin(async move {
                     for sql in SESSION_SETUP {

@@ -32,7 +32,7 @@ macro_rules! guarded {
 }
 
 /// Leases per batched-acknowledgement statement (a few parameters each).
-const FINISH_CHUNK: usize = 5_000;
+pub(super) const FINISH_CHUNK: usize = 5_000;
 
 pub(super) async fn finish(
     store: &MySqlStore,
@@ -200,7 +200,7 @@ pub(super) async fn finish_many(
     Ok(out)
 }
 
-async fn finish_chunk(
+pub(super) async fn finish_chunk(
     tx: &mut MySqlConnection,
     items: &[(Lease, Finish)],
     now: DateTime<Utc>,

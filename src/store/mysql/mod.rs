@@ -37,6 +37,7 @@ mod maintenance;
 mod query;
 mod recovery;
 mod retention;
+mod round;
 mod schedule;
 mod ui;
 mod views;
@@ -45,8 +46,9 @@ pub use connect::DEFAULT_MAX_CONNECTIONS;
 pub(crate) use connect::{from_ms, ms, opt_text, retry_deadlocks, text};
 
 use super::{
-    Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
-    JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket, Wakeup,
+    Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishAndClaim,
+    FinishResult, JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket,
+    Wakeup,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
@@ -142,6 +144,15 @@ impl Store for MySqlStore {
             self.wake.notify();
         }
         Ok(r)
+    }
+
+    async fn finish_and_claim(
+        &self,
+        items: &[(Lease, Finish)],
+        req: &ClaimRequest<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<FinishAndClaim> {
+        round::finish_and_claim(self, items, req, now).await
     }
 
     async fn cancel(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::store::{ClaimRequest, ClaimedAction, Lease};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
+use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::Row;
 
@@ -49,23 +50,25 @@ pub(super) async fn claim(store: &PgStore, req: &ClaimRequest<'_>) -> Result<Vec
         .fetch_all(&store.pool)
         .await
         .map_err(Error::db("claim"))?;
-    let mut claimed = Vec::with_capacity(rows.len());
-    for row in rows {
-        let d = || Error::db("claim");
-        let args: Json<Value> = row.try_get("args").map_err(d())?;
-        claimed.push(ClaimedAction {
-            id: row.try_get("id").map_err(d())?,
-            hook: row.try_get("hook").map_err(d())?,
-            args: args.0,
-            group: row.try_get("group_name").map_err(d())?,
-            scheduled_at: row.try_get("scheduled_at").map_err(d())?,
-            attempt: row.try_get("attempt").map_err(d())?,
-            max_attempts: row.try_get("max_attempts").map_err(d())?,
-            timeout_ms: row.try_get("timeout_ms").map_err(d())?,
-            token: row.try_get("lease_token").map_err(d())?,
-        });
-    }
-    Ok(claimed)
+    rows.iter().map(decode_claimed).collect()
+}
+
+/// One claimed row (`id, hook, args, group_name, scheduled_at, attempt, max_attempts,
+/// timeout_ms, lease_token`).
+pub(super) fn decode_claimed(row: &PgRow) -> Result<ClaimedAction> {
+    let d = || Error::db("claim");
+    let args: Json<Value> = row.try_get("args").map_err(d())?;
+    Ok(ClaimedAction {
+        id: row.try_get("id").map_err(d())?,
+        hook: row.try_get("hook").map_err(d())?,
+        args: args.0,
+        group: row.try_get("group_name").map_err(d())?,
+        scheduled_at: row.try_get("scheduled_at").map_err(d())?,
+        attempt: row.try_get("attempt").map_err(d())?,
+        max_attempts: row.try_get("max_attempts").map_err(d())?,
+        timeout_ms: row.try_get("timeout_ms").map_err(d())?,
+        token: row.try_get("lease_token").map_err(d())?,
+    })
 }
 
 pub(super) async fn heartbeat(

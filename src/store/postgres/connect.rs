@@ -32,6 +32,16 @@ impl PgStore {
     pub async fn connect_with(options: PgConnectOptions, max_connections: u32) -> Result<Self> {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
+            // A liveness ping only for a connection idle a while (see `IDLE_PING_AFTER`).
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= crate::store::IDLE_PING_AFTER {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options.clone())
             .await
             .map_err(Error::db("connect"))?;

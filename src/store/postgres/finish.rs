@@ -37,8 +37,9 @@ pub(super) async fn finish(
     Ok(result)
 }
 
-/// Batched acknowledgements: every finish in one transaction, each guarded on its own. The
-/// completions (the common case) are one statement: an UPDATE … FROM UNNEST guarded per row by
+/// Batched acknowledgements, each guarded on its own. All completions (the common case): one
+/// autocommitted statement. Otherwise every finish in one transaction: the completions are one
+/// statement: an UPDATE … FROM UNNEST guarded per row by
 /// id + token + status, with their `completed` log rows in the same statement; other outcomes
 /// are written one by one.
 pub(super) async fn finish_many(
@@ -46,6 +47,22 @@ pub(super) async fn finish_many(
     items: &[(Lease, Finish)],
     now: DateTime<Utc>,
 ) -> Result<Vec<FinishResult>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    if items.iter().all(|(_, o)| matches!(o, Finish::Complete)) {
+        // One autocommitted statement (its log rows in the same statement): no BEGIN/COMMIT
+        // round trips.
+        let leases: Vec<Lease> = items.iter().map(|(l, _)| *l).collect();
+        let mut conn = store
+            .pool
+            .acquire()
+            .await
+            .map_err(Error::db("finish_many"))?;
+        let applied = complete_set(&mut conn, &leases, now).await?;
+        drop(conn);
+        return super::round::lost_completions(store, items, &applied, now).await;
+    }
     let mut tx = store.begin("finish_many").await?;
     let completes: Vec<Lease> = items
         .iter()

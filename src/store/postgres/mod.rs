@@ -32,6 +32,7 @@ mod maintenance;
 mod query;
 mod recovery;
 mod retention;
+mod round;
 mod schedule;
 mod ui;
 mod views;
@@ -40,8 +41,9 @@ pub(crate) use connect::ts;
 pub use connect::DEFAULT_MAX_CONNECTIONS;
 
 use super::{
-    Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
-    JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket, Wakeup,
+    Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishAndClaim,
+    FinishResult, JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket,
+    Wakeup,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
@@ -161,6 +163,17 @@ impl Store for PgStore {
             self.wake.notify();
         }
         Ok(r)
+    }
+
+    async fn finish_and_claim(
+        &self,
+        items: &[(Lease, Finish)],
+        req: &ClaimRequest<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<FinishAndClaim> {
+        // Only completions take the combined path; other outcomes go through `finish_many`,
+        // which wakes runners for releases and failed step actions.
+        round::finish_and_claim(self, items, req, now).await
     }
 
     async fn cancel(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {

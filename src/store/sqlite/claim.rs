@@ -10,9 +10,15 @@ use super::{from_ms, ms, SqliteStore};
 use crate::error::{Error, Result};
 use crate::store::{ClaimRequest, ClaimedAction, Lease};
 use chrono::{DateTime, Utc};
+use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
-const CLAIM: &str = "UPDATE dockhand_actions
+/// The claim statement (binds: 1 owner, 2 lease_until, 3 now, 4 limit, 5-7 the filters of
+/// [`filter_json`]); a macro so [`super::round`] can put it in one query string with the
+/// completions.
+macro_rules! claim_sql {
+    () => {
+        "UPDATE dockhand_actions
  SET status = 'running', lease_owner = ?1, lease_token = lease_token + 1, lease_until = ?2,
      attempt = attempt + 1, started_at = ?3
  WHERE id IN (
@@ -26,7 +32,12 @@ const CLAIM: &str = "UPDATE dockhand_actions
      ORDER BY priority, scheduled_at, id
      LIMIT ?4)
  RETURNING id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms,
-           lease_token";
+           lease_token, priority"
+    };
+}
+pub(super) use claim_sql;
+
+pub(super) const CLAIM: &str = claim_sql!();
 
 pub(super) async fn claim(
     store: &SqliteStore,
@@ -35,14 +46,7 @@ pub(super) async fn claim(
     if req.limit <= 0 {
         return Ok(Vec::new());
     }
-    let json = |v: Option<&[String]>| {
-        v.map(serde_json::to_string)
-            .transpose()
-            .map_err(|e| Error::invalid("hooks", e.to_string()))
-    };
-    let hooks = json(req.hooks)?;
-    let routed_hooks = json(req.routing.map(|r| r.hooks))?;
-    let routed_groups = json(req.routing.map(|r| r.groups))?;
+    let [hooks, routed_hooks, routed_groups] = filter_json(req)?;
     let rows = sqlx::query(CLAIM)
         .bind(req.owner)
         .bind(ms(req.lease_until))
@@ -54,28 +58,53 @@ pub(super) async fn claim(
         .fetch_all(&store.writer)
         .await
         .map_err(Error::db("claim"))?;
+    decode_claimed(rows)
+}
+
+/// The claim's filters as the JSON arrays [`CLAIM`] binds (5, 6, 7): the hooks it is
+/// restricted to, the routed hooks and their groups (`None`: no such filter).
+pub(super) fn filter_json(req: &ClaimRequest<'_>) -> Result<[Option<String>; 3]> {
+    let json = |v: Option<&[String]>| {
+        v.map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| Error::invalid("hooks", e.to_string()))
+    };
+    Ok([
+        json(req.hooks)?,
+        json(req.routing.map(|r| r.hooks))?,
+        json(req.routing.map(|r| r.groups))?,
+    ])
+}
+
+/// Claimed rows (as [`CLAIM`] returns them) in claim order. RETURNING follows the update's
+/// row order, not the pick's, so they are sorted by (priority, scheduled_at, id).
+pub(super) fn decode_claimed(rows: Vec<SqliteRow>) -> Result<Vec<ClaimedAction>> {
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
-        let id: i64 = row.try_get("id").map_err(Error::db("claim"))?;
-        let args_text: String = row.try_get("args").map_err(Error::db("claim"))?;
+        let d = || Error::db("claim");
+        let priority: i32 = row.try_get("priority").map_err(d())?;
+        let id: i64 = row.try_get("id").map_err(d())?;
+        let args_text: String = row.try_get("args").map_err(d())?;
         let args = serde_json::from_str(&args_text).map_err(|e| Error::Corrupt {
             what: "action",
             id,
             message: format!("args: {e}"),
         })?;
-        claimed.push(ClaimedAction {
+        let action = ClaimedAction {
             id,
-            hook: row.try_get("hook").map_err(Error::db("claim"))?,
+            hook: row.try_get("hook").map_err(d())?,
             args,
-            group: row.try_get("group_name").map_err(Error::db("claim"))?,
-            scheduled_at: from_ms(row.try_get("scheduled_at").map_err(Error::db("claim"))?),
-            attempt: row.try_get("attempt").map_err(Error::db("claim"))?,
-            max_attempts: row.try_get("max_attempts").map_err(Error::db("claim"))?,
-            timeout_ms: row.try_get("timeout_ms").map_err(Error::db("claim"))?,
-            token: row.try_get("lease_token").map_err(Error::db("claim"))?,
-        });
+            group: row.try_get("group_name").map_err(d())?,
+            scheduled_at: from_ms(row.try_get("scheduled_at").map_err(d())?),
+            attempt: row.try_get("attempt").map_err(d())?,
+            max_attempts: row.try_get("max_attempts").map_err(d())?,
+            timeout_ms: row.try_get("timeout_ms").map_err(d())?,
+            token: row.try_get("lease_token").map_err(d())?,
+        };
+        claimed.push((priority, action));
     }
-    Ok(claimed)
+    claimed.sort_by_key(|(priority, a)| (*priority, a.scheduled_at, a.id));
+    Ok(claimed.into_iter().map(|(_, a)| a).collect())
 }
 
 pub(super) async fn heartbeat(

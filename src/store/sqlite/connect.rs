@@ -45,6 +45,8 @@ impl SqliteStore {
                 writer: pool.clone(),
                 reader: pool,
                 wake: Wakeup::new(),
+                enqueues: Default::default(),
+                _checkpointer: None,
             });
         }
         let path = base.get_filename().display().to_string();
@@ -59,11 +61,12 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal);
         // No liveness ping before each acquire: a local file connection does not go stale, and
-        // the ping is a round trip to the worker thread on every store call.
+        // the ping is a round trip to the worker thread on every store call. The writer never
+        // checkpoints: the background checkpointer does (see `Checkpointer`).
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .test_before_acquire(false)
-            .connect_with(opts.clone())
+            .connect_with(opts.clone().pragma("wal_autocheckpoint", "0"))
             .await
             .map_err(opened)?;
         check_pragmas(&writer).await?;
@@ -73,10 +76,13 @@ impl SqliteStore {
             .connect_with(opts)
             .await
             .map_err(opened)?;
+        let checkpointer = Some(Checkpointer::start(reader.clone()));
         Ok(Self {
             writer,
             reader,
             wake: Wakeup::new(),
+            enqueues: Default::default(),
+            _checkpointer: checkpointer,
         })
     }
 
@@ -106,10 +112,73 @@ impl SqliteStore {
         &self,
         op: &'static str,
     ) -> Result<Transaction<'static, Sqlite>> {
-        self.writer
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(Error::db(op))
+        begin_immediate(&self.writer, op).await
+    }
+}
+
+/// `BEGIN IMMEDIATE` on `pool`, safe to cancel. sqlx's `begin_with` (0.8) awaits twice: the
+/// BEGIN (rolled back by sqlx's worker if its caller is gone) and then a check that the
+/// connection is in a transaction; a caller dropped at that second await (a runtime aborted,
+/// a timed-out call) leaves the pooled connection inside an open write transaction that no
+/// `Transaction` will ever end: every later write on it joins that transaction and never
+/// commits, and every later `begin_with` fails with `InvalidSavePointStatement`. The begin
+/// therefore runs on its own task: a caller dropped meanwhile drops the finished
+/// `Transaction`, which rolls back.
+pub(super) async fn begin_immediate(
+    pool: &SqlitePool,
+    op: &'static str,
+) -> Result<Transaction<'static, Sqlite>> {
+    let pool = pool.clone();
+    match tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await }).await {
+        Ok(begun) => begun.map_err(Error::db(op)),
+        // The task panicked or the runtime is shutting down: no transaction to hand out.
+        Err(_) => Err(Error::Database {
+            op,
+            source: sqlx::Error::WorkerCrashed,
+        }),
+    }
+}
+
+/// How often the background checkpointer copies the WAL into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
+
+/// Checkpoints the WAL from a reader connection in the background (`PRAGMA
+/// wal_checkpoint(PASSIVE)`: it waits for nobody and nobody waits for it). SQLite's automatic
+/// checkpoint runs inside whichever commit crosses 1000 WAL pages, and its fsync of the
+/// database file then lands on that caller: with `synchronous = NORMAL` it is the only fsync
+/// on the write path, and it set the tail of enqueue-to-start latency (docs/BENCHMARKS.md).
+/// The writer connection has automatic checkpoints off; this task takes them over and stops
+/// when the store is dropped or its pools close.
+pub(super) struct Checkpointer(tokio::task::JoinHandle<()>);
+
+impl Checkpointer {
+    fn start(reader: SqlitePool) -> Self {
+        Self(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(CHECKPOINT_EVERY).await;
+                if reader.is_closed() {
+                    return;
+                }
+                if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                    .execute(&reader)
+                    .await
+                {
+                    tracing::debug!(error = %e, "background WAL checkpoint failed; retrying");
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl std::fmt::Debug for Checkpointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Checkpointer")
     }
 }
 

@@ -1,11 +1,13 @@
 //! SQLite: inserting actions (single, unique, bulk, inside a caller's transaction). The
 //! `created` log row is written by the `dockhand_actions_log_created` trigger (migration 0004).
+//! Single enqueues from concurrent callers are group-committed.
 
 use super::{ms, SqliteStore};
 use crate::action::PreparedAction;
 use crate::error::{Error, Result};
 use crate::store::Enqueued;
 use chrono::{DateTime, Utc};
+use sqlx::sqlite::SqlitePool;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
 /// Bound parameters per inserted row; chunks stay under SQLite's 32,766-parameter limit.
@@ -24,14 +26,61 @@ const INSERT_ONE: &str = "INSERT INTO dockhand_actions
 /// look-up (possible only with a writer in another process).
 const DUPLICATE_RACE_TRIES: usize = 8;
 
-/// One enqueue in autocommit mode: the insert (its `created` log row written by the 0004
-/// trigger) is the only statement on the success path, so no BEGIN/COMMIT round trips.
+/// One enqueue, group-committed with concurrent callers' (see [`crate::store::group_commit`]):
+/// alone, the insert is one autocommit statement (its `created` log row written by the 0004
+/// trigger, no BEGIN/COMMIT round trips); with others queued meanwhile, all of them are one
+/// write transaction. Returns once the transaction carrying it has committed.
 pub(super) async fn enqueue(
     store: &SqliteStore,
     action: &PreparedAction,
     now: DateTime<Utc>,
 ) -> Result<Enqueued> {
-    let mut conn = store.writer.acquire().await.map_err(Error::db("enqueue"))?;
+    let writer = store.writer.clone();
+    store
+        .enqueues
+        .submit((action.clone(), now), move |batch| {
+            let writer = writer.clone();
+            async move { write_batch(&writer, batch).await }
+        })
+        .await
+}
+
+/// Writes queued single enqueues: one alone, several in one transaction (falling back to one
+/// at a time if that fails, so one bad row cannot fail its neighbours).
+async fn write_batch(
+    writer: &SqlitePool,
+    batch: Vec<(PreparedAction, DateTime<Utc>)>,
+) -> Vec<Result<Enqueued>> {
+    if batch.len() > 1 {
+        let rows: Vec<(&PreparedAction, DateTime<Utc>)> =
+            batch.iter().map(|(a, now)| (a, *now)).collect();
+        let together = async {
+            let mut tx = super::connect::begin_immediate(writer, "enqueue").await?;
+            let ids = enqueue_rows(&mut tx, &rows).await?;
+            tx.commit().await.map_err(Error::db("enqueue"))?;
+            Ok::<_, Error>(ids)
+        };
+        match together.await {
+            Ok(ids) => return ids.into_iter().map(Ok).collect(),
+            Err(e) => {
+                tracing::debug!(error = %e, size = batch.len(), "group-committed enqueue failed; writing one by one");
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(batch.len());
+    for (action, now) in &batch {
+        out.push(enqueue_alone(writer, action, *now).await);
+    }
+    out
+}
+
+/// One enqueue in autocommit mode: the insert is the only statement on the success path.
+async fn enqueue_alone(
+    writer: &SqlitePool,
+    action: &PreparedAction,
+    now: DateTime<Utc>,
+) -> Result<Enqueued> {
+    let mut conn = writer.acquire().await.map_err(Error::db("enqueue"))?;
     for _ in 0..DUPLICATE_RACE_TRIES {
         if let Some(id) = insert(&mut conn, action, now).await? {
             return Ok(Enqueued { id, inserted: true });
@@ -110,15 +159,27 @@ pub(super) async fn enqueue_bulk(
     actions: &[PreparedAction],
     now: DateTime<Utc>,
 ) -> Result<Vec<Enqueued>> {
-    let mut results: Vec<Option<Enqueued>> = vec![None; actions.len()];
+    let rows: Vec<(&PreparedAction, DateTime<Utc>)> = actions.iter().map(|a| (a, now)).collect();
     let mut tx = store.begin_write("enqueue_bulk").await?;
-    // Unique actions go one by one (each may resolve to an existing id); the rest in chunks.
-    let plain: Vec<usize> = (0..actions.len())
-        .filter(|&i| actions[i].unique_key.is_none())
+    let results = enqueue_rows(&mut tx, &rows).await?;
+    tx.commit().await.map_err(Error::db("enqueue_bulk"))?;
+    Ok(results)
+}
+
+/// Inserts `rows` (each with its enqueue time) on an open write transaction; results in input
+/// order. Unique actions go one by one (each may resolve to an existing id); the rest in
+/// multi-row statements.
+async fn enqueue_rows(
+    tx: &mut SqliteConnection,
+    rows: &[(&PreparedAction, DateTime<Utc>)],
+) -> Result<Vec<Enqueued>> {
+    let mut results: Vec<Option<Enqueued>> = vec![None; rows.len()];
+    let plain: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].0.unique_key.is_none())
         .collect();
-    for (i, a) in actions.iter().enumerate() {
+    for (i, (a, now)) in rows.iter().enumerate() {
         if a.unique_key.is_some() {
-            results[i] = Some(enqueue_one(&mut tx, a, now).await?);
+            results[i] = Some(enqueue_one(tx, a, *now).await?);
         }
     }
     for chunk in plain.chunks(MAX_PARAMS / PARAMS_PER_ROW) {
@@ -127,7 +188,7 @@ pub(super) async fn enqueue_bulk(
              max_attempts, timeout_ms, created_at, schedule_id) ",
         );
         qb.push_values(chunk, |mut b, &i| {
-            let a = &actions[i];
+            let (a, now) = rows[i];
             b.push_bind(&a.hook)
                 .push_bind(&a.args_json)
                 .push_bind(&a.group)
@@ -158,7 +219,6 @@ pub(super) async fn enqueue_bulk(
             results[i] = Some(Enqueued { id, inserted: true });
         }
     }
-    tx.commit().await.map_err(Error::db("enqueue_bulk"))?;
     Ok(results.into_iter().flatten().collect())
 }
 

@@ -2,7 +2,9 @@
 //!
 //! Every finishing UPDATE is guarded by id + fencing token + status `running`; zero rows is
 //! [`FinishResult::LeaseLost`] and only a `lease_lost` log row is written. A step action that
-//! ends failed enqueues its job's finish action in the same transaction (`jobs::finish`).
+//! ends failed enqueues its job's finish action in the same transaction (`jobs::finish`). A
+//! completion's `completed` log row is written by the `dockhand_actions_log_completed` trigger
+//! (0014).
 
 use super::enqueue::enqueue_one;
 use super::{ms, SqliteStore};
@@ -11,6 +13,7 @@ use crate::jobs::finish::{followup, FailedAction};
 use crate::store::{Finish, FinishResult, Lease};
 use chrono::{DateTime, Utc};
 use sqlx::{Row, SqliteConnection};
+use std::collections::HashSet;
 
 /// The owner guard every finishing UPDATE ends with (binds id, then token).
 macro_rules! guarded {
@@ -49,20 +52,49 @@ pub(super) async fn finish(
     Ok(result)
 }
 
-/// Batched acknowledgements: every finish in one write transaction, each guarded on its own.
-/// The completions (the common case) are one set-based UPDATE guarded per row by id + token +
-/// status, plus one multi-row log insert; other outcomes are written one by one.
+/// The set-based completion (binds: `$now` the finish time, `$pairs` a JSON array of
+/// `[id, token]`), each row guarded by id + token + status; returns the ids it completed as
+/// `done_id`. Their `completed` log rows come from the 0014 trigger, in the same statement.
+macro_rules! complete_set_sql {
+    ($now:literal, $pairs:literal) => {
+        concat!(
+            "UPDATE dockhand_actions SET status = 'complete', finished_at = ",
+            $now,
+            ", lease_owner = NULL, lease_until = NULL
+ FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
+       FROM json_each(",
+            $pairs,
+            ")) AS l
+ WHERE dockhand_actions.id = l.id AND dockhand_actions.lease_token = l.token
+   AND status = 'running'
+ RETURNING dockhand_actions.id AS done_id"
+        )
+    };
+}
+pub(super) use complete_set_sql;
+
+/// Batched acknowledgements, each guarded on its own. All completions (the common case): one
+/// autocommit statement. Otherwise one write transaction: the completions set-based, the other
+/// outcomes one by one.
 pub(super) async fn finish_many(
     store: &SqliteStore,
     items: &[(Lease, Finish)],
     now: DateTime<Utc>,
 ) -> Result<Vec<FinishResult>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let completes = complete_pairs(items);
+    if completes.len() == items.len() {
+        let mut conn = store
+            .writer
+            .acquire()
+            .await
+            .map_err(Error::db("finish_many"))?;
+        let applied = complete_set(&mut conn, &completes, now).await?;
+        return log_lost_completions(&mut conn, items, &applied, now).await;
+    }
     let mut tx = store.begin_write("finish_many").await?;
-    let completes: Vec<[i64; 2]> = items
-        .iter()
-        .filter(|(_, o)| matches!(o, Finish::Complete))
-        .map(|(l, _)| [l.id, l.token])
-        .collect();
     let applied = complete_set(&mut tx, &completes, now).await?;
     let mut out = Vec::with_capacity(items.len());
     for (lease, outcome) in items {
@@ -88,45 +120,71 @@ pub(super) async fn finish_many(
     Ok(out)
 }
 
-/// Completes every `[id, token]` pair still running under that token, logs `completed` for
-/// each, and returns the ids that were.
+/// The `[id, token]` pairs of the completions among `items`.
+pub(super) fn complete_pairs(items: &[(Lease, Finish)]) -> Vec<[i64; 2]> {
+    items
+        .iter()
+        .filter(|(_, o)| matches!(o, Finish::Complete))
+        .map(|(l, _)| [l.id, l.token])
+        .collect()
+}
+
+/// The results of completions-only `items` given the ids that were applied; a `lease_lost`
+/// log row for each of the others (one statement, only when there are any).
+pub(super) async fn log_lost_completions(
+    conn: &mut SqliteConnection,
+    items: &[(Lease, Finish)],
+    applied: &HashSet<i64>,
+    now: DateTime<Utc>,
+) -> Result<Vec<FinishResult>> {
+    let mut lost: Vec<(i64, String)> = Vec::new();
+    let results = items
+        .iter()
+        .map(|(lease, outcome)| {
+            if applied.contains(&lease.id) {
+                FinishResult::Applied
+            } else {
+                lost.push((lease.id, outcome.lease_lost_entry(lease.token).1));
+                FinishResult::LeaseLost
+            }
+        })
+        .collect();
+    if !lost.is_empty() {
+        let lost_json =
+            serde_json::to_string(&lost).map_err(|e| Error::invalid("leases", e.to_string()))?;
+        sqlx::query(
+            "INSERT INTO dockhand_action_logs (action_id, at, event, detail)
+             SELECT a.id, ?1, 'lease_lost', json_extract(l.value, '$[1]')
+             FROM json_each(?2) AS l
+             JOIN dockhand_actions a ON a.id = json_extract(l.value, '$[0]')",
+        )
+        .bind(ms(now))
+        .bind(lost_json)
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::db("finish_many (lease lost)"))?;
+    }
+    Ok(results)
+}
+
+/// Completes every `[id, token]` pair still running under that token (the 0014 trigger logs
+/// `completed` for each) and returns the ids that were.
 async fn complete_set(
-    tx: &mut SqliteConnection,
+    conn: &mut SqliteConnection,
     pairs: &[[i64; 2]],
     now: DateTime<Utc>,
-) -> Result<std::collections::HashSet<i64>> {
+) -> Result<HashSet<i64>> {
     if pairs.is_empty() {
         return Ok(Default::default());
     }
     let pairs_json =
         serde_json::to_string(pairs).map_err(|e| Error::invalid("leases", e.to_string()))?;
-    let ids: Vec<i64> = sqlx::query_scalar(
-        "UPDATE dockhand_actions SET status = 'complete', finished_at = ?1,
-             lease_owner = NULL, lease_until = NULL
-         FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
-               FROM json_each(?2)) AS l
-         WHERE dockhand_actions.id = l.id AND dockhand_actions.lease_token = l.token
-           AND status = 'running'
-         RETURNING dockhand_actions.id",
-    )
-    .bind(ms(now))
-    .bind(pairs_json)
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(Error::db("finish_many"))?;
-    if !ids.is_empty() {
-        let ids_json =
-            serde_json::to_string(&ids).map_err(|e| Error::invalid("ids", e.to_string()))?;
-        sqlx::query(
-            "INSERT INTO dockhand_action_logs (action_id, at, event)
-             SELECT value, ?, 'completed' FROM json_each(?)",
-        )
+    let ids: Vec<i64> = sqlx::query_scalar(complete_set_sql!("?1", "?2"))
         .bind(ms(now))
-        .bind(ids_json)
-        .execute(&mut *tx)
+        .bind(pairs_json)
+        .fetch_all(&mut *conn)
         .await
-        .map_err(Error::db("finish_many (log)"))?;
-    }
+        .map_err(Error::db("finish_many"))?;
     Ok(ids.into_iter().collect())
 }
 
@@ -169,8 +227,11 @@ async fn finish_on(
         .await
         .map_err(Error::db("finish"))?;
     let result = if done.rows_affected() == 1 {
-        let (event, detail) = outcome.log_entry();
-        log(tx, lease.id, now, event, detail).await?;
+        // A completion's `completed` row comes from the 0014 trigger.
+        if !matches!(outcome, Finish::Complete) {
+            let (event, detail) = outcome.log_entry();
+            log(tx, lease.id, now, event, detail).await?;
+        }
         FinishResult::Applied
     } else {
         let (event, detail) = outcome.lease_lost_entry(lease.token);

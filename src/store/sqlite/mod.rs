@@ -22,6 +22,8 @@ mod batch;
 #[cfg(test)]
 mod batch_tests;
 mod bridge;
+#[cfg(test)]
+mod cancel_tests;
 mod claim;
 mod claim_upkeep;
 mod claims;
@@ -39,6 +41,7 @@ mod recovery;
 #[cfg(test)]
 mod recovery_tests;
 mod retention;
+mod round;
 mod schedule;
 #[cfg(test)]
 mod tests;
@@ -47,9 +50,11 @@ mod views;
 
 pub(crate) use connect::{from_ms, ms};
 
+use super::group_commit::GroupCommit;
 use super::{
-    Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishResult,
-    JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket, Wakeup,
+    Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishAndClaim,
+    FinishResult, JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Store, ThroughputBucket,
+    Wakeup,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
@@ -85,6 +90,10 @@ pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
     wake: Wakeup,
+    /// Single enqueues waiting to share a commit.
+    enqueues: GroupCommit<(PreparedAction, DateTime<Utc>), Enqueued>,
+    /// The background WAL checkpointer (file databases).
+    _checkpointer: Option<connect::Checkpointer>,
 }
 
 #[async_trait]
@@ -149,6 +158,17 @@ impl Store for SqliteStore {
             self.wake.notify();
         }
         Ok(r)
+    }
+
+    async fn finish_and_claim(
+        &self,
+        items: &[(Lease, Finish)],
+        req: &ClaimRequest<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<FinishAndClaim> {
+        // Only completions take the combined path; other outcomes go through `finish_many`,
+        // which wakes runners for releases and failed step actions.
+        round::finish_and_claim(self, items, req, now).await
     }
 
     async fn cancel(&self, id: i64, now: DateTime<Utc>) -> Result<bool> {
