@@ -47,6 +47,7 @@ mod rerun;
 pub mod sqlite;
 #[cfg(test)]
 pub(crate) mod test_lease;
+pub mod timed;
 pub mod traced;
 mod types;
 
