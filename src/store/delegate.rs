@@ -412,6 +412,18 @@ macro_rules! delegate_store {
                     self.inner.create_child(child, chunk, now)
                 )
             }
+            async fn create_children(
+                &self,
+                children: &[ChildSpec],
+                chunk: Lease,
+                now: DateTime<Utc>,
+            ) -> Result<Vec<ChildOutcome>> {
+                $around!(
+                    self,
+                    "create_children",
+                    self.inner.create_children(children, chunk, now)
+                )
+            }
             async fn settle_work(
                 &self,
                 parent: i64,

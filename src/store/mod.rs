@@ -442,6 +442,24 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> Result<ChildOutcome>;
 
+    /// [`Store::create_child`] for several rows of one parent (a chunk), set-based where the
+    /// backend can: every row gets the outcome `create_child` would give it, in order, under
+    /// the same fence. An error means no row was changed, or (the default, one `create_child`
+    /// per row) that the rows before the failing one were: the caller then goes on row by row
+    /// with `create_child`, which adopts the children already created.
+    async fn create_children(
+        &self,
+        children: &[ChildSpec],
+        chunk: Lease,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ChildOutcome>> {
+        let mut out = Vec::with_capacity(children.len());
+        for c in children {
+            out.push(self.create_child(c, chunk, now).await?);
+        }
+        Ok(out)
+    }
+
     /// Settles a leased row that did not become a child (B4): back to `ready` with attempts+1,
     /// or `discarded` (error kept) with its sidecar claims released (deleted where token in
     /// the sidecar, `job_id = parent`, status `claimed`), in one transaction. A malformed

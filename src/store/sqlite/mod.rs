@@ -22,6 +22,7 @@ mod batch;
 #[cfg(test)]
 mod batch_tests;
 mod bridge;
+mod children;
 mod claim;
 mod claim_upkeep;
 mod claims;
@@ -433,6 +434,15 @@ impl Store for SqliteStore {
         now: DateTime<Utc>,
     ) -> Result<ChildOutcome> {
         batch::create_child(self, child, chunk, now).await
+    }
+
+    async fn create_children(
+        &self,
+        children: &[ChildSpec],
+        chunk: Lease,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ChildOutcome>> {
+        children::create_children(self, children, chunk, now).await
     }
 
     async fn settle_work(
