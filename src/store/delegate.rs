@@ -268,6 +268,17 @@ macro_rules! delegate_store {
                     self.inner.undelivered_events(limit)
                 )
             }
+            async fn mark_events_delivered(
+                &self,
+                event_ids: &[i64],
+                now: DateTime<Utc>,
+            ) -> Result<u64> {
+                $around!(
+                    self,
+                    "mark_events_delivered",
+                    self.inner.mark_events_delivered(event_ids, now)
+                )
+            }
             async fn mark_event_delivered(
                 &self,
                 event_id: i64,

@@ -300,6 +300,18 @@ pub trait Store: Send + Sync + 'static {
     /// Marks an event delivered; false if it already was.
     async fn mark_event_delivered(&self, event_id: i64, now: DateTime<Utc>) -> Result<bool>;
 
+    /// Marks several events delivered at once (one statement where the backend overrides
+    /// this); returns how many were not delivered before.
+    async fn mark_events_delivered(&self, event_ids: &[i64], now: DateTime<Utc>) -> Result<u64> {
+        let mut marked = 0;
+        for &id in event_ids {
+            if self.mark_event_delivered(id, now).await? {
+                marked += 1;
+            }
+        }
+        Ok(marked)
+    }
+
     // ----- packets (E3) -----------------------------------------------------------------
 
     /// Stores packet bodies under their hashes (insert-if-absent).

@@ -65,6 +65,7 @@ pub const SWEPT: &[&str] = &[
     "abort_batch",
     "reap_expired",
     "mark_event_delivered",
+    "mark_events_delivered",
     "cleanup_worklist",
 ];
 
@@ -100,6 +101,7 @@ pub const RECOVERY: &[&str] = &["finish_job", "schedule_chunk"];
 const MAINTENANCE: &[&str] = &[
     "reap_expired",
     "mark_event_delivered",
+    "mark_events_delivered",
     "cleanup_worklist",
 ];
 /// How many calls of each maintenance method are swept.
