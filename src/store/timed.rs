@@ -47,7 +47,7 @@ impl OpTimes {
     pub fn snapshot(&self) -> Vec<(&'static str, u64, Duration)> {
         let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let mut v: Vec<_> = m.iter().map(|(k, (n, d))| (*k, *n, *d)).collect();
-        v.sort_by(|a, b| b.2.cmp(&a.2));
+        v.sort_by_key(|e| std::cmp::Reverse(e.2));
         v
     }
 }
