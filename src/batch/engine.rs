@@ -285,22 +285,24 @@ impl Engine {
             )
             .await
             .map_err(retry)?;
+        // Rows whose packet cannot be read are settled; the rest become children together.
+        let mut specs = Vec::with_capacity(rows.len());
         for row in rows {
             let settle = match (&row.sidecar_error, packets::parse_ref(&row.payload_ref)) {
-                (Some(e), _) => Some(RowSettle::Discard {
+                (Some(e), _) => RowSettle::Discard {
                     reason: format!("corrupt sidecar: {e}"),
-                }),
-                (None, Err(e)) => Some(RowSettle::Discard {
+                },
+                (None, Err(e)) => RowSettle::Discard {
                     reason: format!("hydration failed: {e}"),
-                }),
+                },
                 (None, Ok(hash)) => {
                     let body = self.store.packet_body(hash).await.map_err(retry)?;
                     match packets::verify(&row.payload_ref, body) {
-                        Err(e) => Some(RowSettle::Discard {
+                        Err(e) => RowSettle::Discard {
                             reason: format!("hydration failed: {e}"),
-                        }),
+                        },
                         Ok(_) => {
-                            let spec = ChildSpec {
+                            specs.push(ChildSpec {
                                 parent_id: parent,
                                 idx: row.idx,
                                 pipeline: job.pipeline.clone(),
@@ -316,48 +318,87 @@ impl Engine {
                                     .collect(),
                                 claim_ttl: DEFAULT_CLAIM_TTL,
                                 step: pipeline.step_action(),
-                            };
-                            match self
-                                .store
-                                .create_child(&spec, chunk, self.clock.now())
-                                .await
-                            {
-                                Ok(ChildOutcome::Created(_) | ChildOutcome::Adopted(_)) => None,
-                                Ok(ChildOutcome::Discarded(cause)) => {
-                                    tracing::warn!(
-                                        parent,
-                                        idx = row.idx,
-                                        ?cause,
-                                        "worklist row discarded instead of becoming a child"
-                                    );
-                                    None
-                                }
-                                // A stale run: a newer attempt of this chunk owns its rows.
-                                Err(e @ Error::LeaseLost { .. }) => return Err(retry(e)),
-                                Err(e) => Some(RowSettle::Retry {
-                                    error: e.to_string(),
-                                    max_attempts: MAX_CHILD_ATTEMPTS,
-                                }),
-                            }
+                            });
+                            continue;
                         }
                     }
                 }
             };
-            if let Some(settle) = settle {
-                tracing::warn!(
-                    parent,
-                    idx = row.idx,
-                    ?settle,
-                    "worklist row not turned into a child"
-                );
-                self.store
-                    .settle_work(parent, row.idx, chunk, &settle, self.clock.now())
-                    .await
-                    .map_err(retry)?;
-            }
+            self.settle_row(parent, row.idx, chunk, settle).await?;
         }
+        self.create_children(parent, &specs, chunk).await?;
         self.after_chunk(parent, offset, st.chunk_size, pipeline.priority)
             .await
+    }
+
+    /// Turns the specs of one chunk into children: all at once ([`crate::Store::create_children`],
+    /// one transaction), or row by row when that fails (so one bad row cannot fail its
+    /// neighbours: each row's failure is settled on its own, B4). A lost chunk lease ends the
+    /// run (a newer delivery owns the rows).
+    async fn create_children(
+        &self,
+        parent: i64,
+        specs: &[ChildSpec],
+        chunk: Lease,
+    ) -> std::result::Result<(), HandlerError> {
+        if specs.is_empty() {
+            return Ok(());
+        }
+        let outcomes = match self
+            .store
+            .create_children(specs, chunk, self.clock.now())
+            .await
+        {
+            Ok(o) if o.len() == specs.len() => o.into_iter().map(Ok).collect(),
+            Err(e @ Error::LeaseLost { .. }) => return Err(retry(e)),
+            other => {
+                if let Err(e) = other {
+                    tracing::debug!(parent, error = %e, "creating the chunk's children together failed; one by one");
+                }
+                let mut each = Vec::with_capacity(specs.len());
+                for spec in specs {
+                    each.push(self.store.create_child(spec, chunk, self.clock.now()).await);
+                }
+                each
+            }
+        };
+        for (spec, outcome) in specs.iter().zip(outcomes) {
+            let settle = match outcome {
+                Ok(ChildOutcome::Created(_) | ChildOutcome::Adopted(_)) => continue,
+                Ok(ChildOutcome::Discarded(cause)) => {
+                    tracing::warn!(
+                        parent,
+                        idx = spec.idx,
+                        ?cause,
+                        "worklist row discarded instead of becoming a child"
+                    );
+                    continue;
+                }
+                // A stale run: a newer attempt of this chunk owns its rows.
+                Err(e @ Error::LeaseLost { .. }) => return Err(retry(e)),
+                Err(e) => RowSettle::Retry {
+                    error: e.to_string(),
+                    max_attempts: MAX_CHILD_ATTEMPTS,
+                },
+            };
+            self.settle_row(parent, spec.idx, chunk, settle).await?;
+        }
+        Ok(())
+    }
+
+    /// Settles a leased row that did not become a child.
+    async fn settle_row(
+        &self,
+        parent: i64,
+        idx: i32,
+        chunk: Lease,
+        settle: RowSettle,
+    ) -> std::result::Result<(), HandlerError> {
+        tracing::warn!(parent, idx, ?settle, "worklist row not turned into a child");
+        self.store
+            .settle_work(parent, idx, chunk, &settle, self.clock.now())
+            .await
+            .map_err(retry)
     }
 
     /// Schedules the next chunk, or sets the fence when nothing is outstanding.

@@ -280,6 +280,17 @@ macro_rules! delegate_store {
                     self.inner.undelivered_events(limit)
                 )
             }
+            async fn mark_events_delivered(
+                &self,
+                event_ids: &[i64],
+                now: DateTime<Utc>,
+            ) -> Result<u64> {
+                $around!(
+                    self,
+                    "mark_events_delivered",
+                    self.inner.mark_events_delivered(event_ids, now)
+                )
+            }
             async fn mark_event_delivered(
                 &self,
                 event_id: i64,
@@ -422,6 +433,18 @@ macro_rules! delegate_store {
                     self,
                     "create_child",
                     self.inner.create_child(child, chunk, now)
+                )
+            }
+            async fn create_children(
+                &self,
+                children: &[ChildSpec],
+                chunk: Lease,
+                now: DateTime<Utc>,
+            ) -> Result<Vec<ChildOutcome>> {
+                $around!(
+                    self,
+                    "create_children",
+                    self.inner.create_children(children, chunk, now)
                 )
             }
             async fn settle_work(

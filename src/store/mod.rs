@@ -48,6 +48,7 @@ mod rerun;
 pub mod sqlite;
 #[cfg(test)]
 pub(crate) mod test_lease;
+pub mod timed;
 pub mod traced;
 mod types;
 
@@ -316,6 +317,18 @@ pub trait Store: Send + Sync + 'static {
     /// Marks an event delivered; false if it already was.
     async fn mark_event_delivered(&self, event_id: i64, now: DateTime<Utc>) -> Result<bool>;
 
+    /// Marks several events delivered at once (one statement where the backend overrides
+    /// this); returns how many were not delivered before.
+    async fn mark_events_delivered(&self, event_ids: &[i64], now: DateTime<Utc>) -> Result<u64> {
+        let mut marked = 0;
+        for &id in event_ids {
+            if self.mark_event_delivered(id, now).await? {
+                marked += 1;
+            }
+        }
+        Ok(marked)
+    }
+
     // ----- packets (E3) -----------------------------------------------------------------
 
     /// Stores packet bodies under their hashes (insert-if-absent).
@@ -457,6 +470,24 @@ pub trait Store: Send + Sync + 'static {
         chunk: Lease,
         now: DateTime<Utc>,
     ) -> Result<ChildOutcome>;
+
+    /// [`Store::create_child`] for several rows of one parent (a chunk), set-based where the
+    /// backend can: every row gets the outcome `create_child` would give it, in order, under
+    /// the same fence. An error means no row was changed, or (the default, one `create_child`
+    /// per row) that the rows before the failing one were: the caller then goes on row by row
+    /// with `create_child`, which adopts the children already created.
+    async fn create_children(
+        &self,
+        children: &[ChildSpec],
+        chunk: Lease,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ChildOutcome>> {
+        let mut out = Vec::with_capacity(children.len());
+        for c in children {
+            out.push(self.create_child(c, chunk, now).await?);
+        }
+        Ok(out)
+    }
 
     /// Settles a leased row that did not become a child (B4): back to `ready` with attempts+1,
     /// or `discarded` (error kept) with its sidecar claims released (deleted where token in

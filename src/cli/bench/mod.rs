@@ -8,14 +8,19 @@
 //!
 //! `peer=dockhand-sqlite workload=W2 n=10000 concurrency=8 secs=0.41 jobs_per_sec=24390 dup=0
 //! durability=sqlite-wal-synchronous-normal`
+//!
+//! W4 (the batch pipeline, `w4`) prints `items_per_sec` instead of `jobs_per_sec`.
 
 mod db;
+mod w4;
 mod workloads;
 
 use super::{args, CliError, Output};
 use crate::store::redact_url;
+use crate::store::timed::{OpTimes, Timed};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The environment variable read for `--backend postgres` when `--database-url` is not given.
@@ -52,10 +57,21 @@ pub enum Workload {
     /// Enqueue-to-handler-start latency of 200 actions, one every 5 ms, into an idle runtime.
     #[value(name = "W3", alias = "w3")]
     W3,
+    /// A batch pipeline over N items: a claim step claims every item in a shared scope and
+    /// fans out in chunks of 100; each child runs one no-op step and completes its claim
+    /// through the bridge. Items/s from job start to parent final; `check` must be clean.
+    #[value(name = "W4", alias = "w4")]
+    W4,
 }
 
 impl Workload {
-    const ALL: [Workload; 4] = [Workload::W1, Workload::W1b, Workload::W2, Workload::W3];
+    const ALL: [Workload; 5] = [
+        Workload::W1,
+        Workload::W1b,
+        Workload::W2,
+        Workload::W3,
+        Workload::W4,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -63,6 +79,7 @@ impl Workload {
             Workload::W1b => "W1b",
             Workload::W2 => "W2",
             Workload::W3 => "W3",
+            Workload::W4 => "W4",
         }
     }
 }
@@ -74,11 +91,11 @@ pub struct BenchArgs {
     /// or the DOCKHAND_TEST_POSTGRES_URL / DOCKHAND_TEST_MYSQL_URL environment variable.
     #[arg(long, value_enum, value_name = "BACKEND")]
     pub backend: BenchBackend,
-    /// Jobs per workload for W1, W1b and W2 (W3 always measures 200 jobs).
+    /// Jobs per workload for W1, W1b and W2, items for W4 (W3 always measures 200 jobs).
     #[arg(long, value_name = "N", default_value_t = 10_000,
           value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub n: u32,
-    /// Runtime slots (actions run at once) for W2 and W3.
+    /// Runtime slots (actions run at once) for W2, W3 and W4.
     #[arg(long, value_name = "C", default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub concurrency: u32,
@@ -87,7 +104,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", default_value_t = crate::runner::DEFAULT_PREFETCH as u32,
           value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub prefetch: u32,
-    /// Workloads to run, comma-separated, in this order [default: W1,W1b,W2,W3].
+    /// Workloads to run, comma-separated, in this order [default: W1,W1b,W2,W3,W4].
     #[arg(
         long,
         value_enum,
@@ -103,6 +120,10 @@ pub struct BenchArgs {
     /// configuration (survives a process crash).
     #[arg(long)]
     pub relaxed: bool,
+    /// After each workload, print to stderr the calls and wall time of each store method
+    /// (per-phase timers, to see where a workload's time goes). Adds a little overhead.
+    #[arg(long)]
+    pub profile: bool,
     /// Give up on a workload (exit status 1) that has not finished after this long.
     #[arg(long, value_name = "DURATION", default_value = "10m",
           value_parser = args::parse_duration)]
@@ -114,14 +135,14 @@ pub struct BenchArgs {
 pub struct Measurement {
     /// `dockhand-sqlite`, `dockhand-postgres` or `dockhand-mysql`.
     pub peer: String,
-    /// W1, W1b, W2 or W3.
+    /// W1, W1b, W2, W3 or W4.
     pub workload: &'static str,
     /// Jobs measured.
     pub n: u64,
-    /// Runtime slots (W2, W3).
+    /// Runtime slots (W2, W3, W4).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<u32>,
-    /// Rows per enqueue_bulk call (W1b).
+    /// Rows per enqueue_bulk call (W1b); children per chunk (W4).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch: Option<u32>,
     /// Wall time of the timed part.
@@ -129,13 +150,16 @@ pub struct Measurement {
     /// Throughput (W1, W1b, W2).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub jobs_per_sec: Option<f64>,
+    /// Pipeline items per second, job start to parent final (W4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub items_per_sec: Option<f64>,
     /// Median enqueue-to-handler-start latency (W3).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p50_ms: Option<f64>,
     /// 99th percentile enqueue-to-handler-start latency (W3).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p99_ms: Option<f64>,
-    /// Jobs whose handler ran more than once (W2, W3).
+    /// Jobs (W4: items) whose handler ran more than once (W2, W3, W4).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dup: Option<u64>,
     /// The durability settings in force, read back from the database.
@@ -155,6 +179,9 @@ impl Measurement {
         s.push_str(&format!(" secs={:.2}", self.secs));
         if let Some(r) = self.jobs_per_sec {
             s.push_str(&format!(" jobs_per_sec={r:.0}"));
+        }
+        if let Some(r) = self.items_per_sec {
+            s.push_str(&format!(" items_per_sec={r:.0}"));
         }
         if let (Some(p50), Some(p99)) = (self.p50_ms, self.p99_ms) {
             s.push_str(&format!(" p50_ms={p50:.2} p99_ms={p99:.2}"));
@@ -270,8 +297,26 @@ async fn run_one(
     a: &BenchArgs,
     timeout: Duration,
 ) -> Result<Measurement, CliError> {
-    let fresh = db::Fresh::open(target, a.relaxed).await?;
+    let mut fresh = db::Fresh::open(target, a.relaxed).await?;
+    let times = Arc::new(OpTimes::default());
+    if a.profile {
+        fresh.store = Timed::wrap(Arc::clone(&fresh.store), Arc::clone(&times));
+    }
     let result = tokio::time::timeout(timeout, workloads::run(&fresh, w, a)).await;
+    if a.profile {
+        eprintln!(
+            "profile of {} ({}): store method, calls, total ms, mean us",
+            w.name(),
+            fresh.peer
+        );
+        for (op, calls, total) in times.snapshot() {
+            eprintln!(
+                "  {op:<28} {calls:>8} {:>10.1} {:>9.1}",
+                total.as_secs_f64() * 1e3,
+                total.as_secs_f64() * 1e6 / calls.max(1) as f64
+            );
+        }
+    }
     let durability = fresh.durability().await;
     fresh.remove().await;
     let mut m = match result {

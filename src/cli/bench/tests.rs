@@ -63,7 +63,7 @@ fn flags_parse_with_defaults_and_reject_bad_values() {
             "--backend",
             "sqlite",
             "--workload",
-            "W4",
+            "W5",
         ],
         &["dockhand", "bench", "--backend", "sqlite", "--timeout", "5"],
     ] {
@@ -95,6 +95,7 @@ fn the_line_has_the_documented_fields() {
         batch: None,
         secs: 0.4123,
         jobs_per_sec: Some(24_390.2),
+        items_per_sec: None,
         p50_ms: None,
         p99_ms: None,
         dup: Some(0),
@@ -104,6 +105,18 @@ fn the_line_has_the_documented_fields() {
         m.line(),
         "peer=dockhand-sqlite workload=W2 n=10000 concurrency=8 secs=0.41 jobs_per_sec=24390 \
          dup=0 durability=sqlite-wal-synchronous-normal"
+    );
+    let w4 = Measurement {
+        workload: "W4",
+        batch: Some(100),
+        jobs_per_sec: None,
+        items_per_sec: Some(3_120.6),
+        ..m
+    };
+    assert_eq!(
+        w4.line(),
+        "peer=dockhand-sqlite workload=W4 n=10000 concurrency=8 batch=100 secs=0.41 \
+         items_per_sec=3121 dup=0 durability=sqlite-wal-synchronous-normal"
     );
 }
 
@@ -135,7 +148,7 @@ async fn short_run(target: db::Target, relaxed: bool) -> Vec<Measurement> {
 
 fn check(ms: &[Measurement], peer: &str, durability_prefix: &str) {
     let names: Vec<&str> = ms.iter().map(|m| m.workload).collect();
-    assert_eq!(names, ["W1", "W1b", "W2", "W3"]);
+    assert_eq!(names, ["W1", "W1b", "W2", "W3", "W4"]);
     for m in ms {
         assert_eq!(m.peer, peer);
         assert!(m.secs > 0.0, "{m:?}");
@@ -147,6 +160,11 @@ fn check(ms: &[Measurement], peer: &str, durability_prefix: &str) {
     assert_eq!(ms[3].n, u64::from(workloads::W3_JOBS));
     let (p50, p99) = (ms[3].p50_ms.unwrap(), ms[3].p99_ms.unwrap());
     assert!(p50 >= 0.0 && p99 >= p50, "{:?}", ms[3]);
+    // W4 ran its pipeline to a completed parent with every claim processed and `check`
+    // clean (run_one fails otherwise).
+    assert_eq!(ms[4].n, 300);
+    assert!(ms[4].items_per_sec.unwrap() > 0.0, "{:?}", ms[4]);
+    assert_eq!(ms[4].batch, Some(100));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

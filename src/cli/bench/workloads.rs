@@ -48,6 +48,7 @@ pub(super) async fn run(
         secs: 0.0,
         jobs_per_sec: None,
         p50_ms: None,
+        items_per_sec: None,
         p99_ms: None,
         dup: None,
         durability: String::new(),
@@ -83,6 +84,7 @@ pub(super) async fn run(
             m.dup = Some(counter.duplicates());
         }
         Workload::W3 => return w3(fresh, a, m).await,
+        Workload::W4 => return super::w4::run(fresh, a, m).await,
     }
     m.jobs_per_sec = Some(f64::from(a.n) / m.secs.max(1e-9));
     Ok(m)

@@ -611,6 +611,35 @@ pub(super) async fn mark_event_delivered(
     .await
 }
 
+pub(super) async fn mark_events_delivered(
+    store: &MySqlStore,
+    event_ids: &[i64],
+    now: DateTime<Utc>,
+) -> Result<u64> {
+    let op = "mark_events_delivered";
+    if event_ids.is_empty() {
+        return Ok(0);
+    }
+    retry_deadlocks(op, move || async move {
+        let mut qb: sqlx::QueryBuilder<sqlx::MySql> =
+            sqlx::QueryBuilder::new("UPDATE dockhand_job_events SET delivered_at = ");
+        qb.push_bind(ms(now))
+            .push(" WHERE delivered_at IS NULL AND id IN (");
+        let mut ids = qb.separated(", ");
+        for id in event_ids {
+            ids.push_bind(*id);
+        }
+        qb.push(")");
+        let done = qb
+            .build()
+            .execute(store.pool())
+            .await
+            .map_err(Error::db(op))?;
+        Ok(done.rows_affected())
+    })
+    .await
+}
+
 /// Inserts the packets that are not stored yet, in hash order (two writers of overlapping sets
 /// take their row locks in the same order).
 pub(super) async fn put_packets(

@@ -481,6 +481,26 @@ pub(super) async fn mark_event_delivered(
     Ok(done.rows_affected() == 1)
 }
 
+pub(super) async fn mark_events_delivered(
+    store: &PgStore,
+    event_ids: &[i64],
+    now: DateTime<Utc>,
+) -> Result<u64> {
+    if event_ids.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query(
+        "UPDATE dockhand_job_events SET delivered_at = $2
+         WHERE id = ANY($1) AND delivered_at IS NULL",
+    )
+    .bind(event_ids)
+    .bind(ts(now))
+    .execute(&store.pool)
+    .await
+    .map_err(Error::db("mark_events_delivered"))?;
+    Ok(done.rows_affected())
+}
+
 pub(super) async fn put_packets(
     store: &PgStore,
     packets: &[EncodedPacket],

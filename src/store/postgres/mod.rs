@@ -374,6 +374,10 @@ impl Store for PgStore {
         jobs::mark_event_delivered(self, event_id, now).await
     }
 
+    async fn mark_events_delivered(&self, event_ids: &[i64], now: DateTime<Utc>) -> Result<u64> {
+        jobs::mark_events_delivered(self, event_ids, now).await
+    }
+
     async fn put_packets(&self, packets: &[EncodedPacket], now: DateTime<Utc>) -> Result<()> {
         jobs::put_packets(self, packets, now).await
     }

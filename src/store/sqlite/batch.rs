@@ -41,7 +41,11 @@ const LEASE: &str = "UPDATE dockhand_worklist
 /// Fails with [`Error::LeaseLost`] unless the chunk action still runs under `chunk`'s token.
 /// Read inside the caller's `BEGIN IMMEDIATE` transaction: the reaper and the claim are
 /// writers too, so the lease cannot change before the caller commits.
-async fn chunk_fence(conn: &mut SqliteConnection, chunk: Lease, op: &'static str) -> Result<()> {
+pub(super) async fn chunk_fence(
+    conn: &mut SqliteConnection,
+    chunk: Lease,
+    op: &'static str,
+) -> Result<()> {
     let live: Option<i64> = sqlx::query_scalar(
         "SELECT 1 FROM dockhand_actions WHERE id = ? AND status = 'running' AND lease_token = ?",
     )
@@ -60,7 +64,7 @@ fn no_row(parent: i64, idx: i32) -> Error {
 /// Why no child may be created for row `idx`: the parent is missing, or the row is missing or
 /// no longer `ready`/`leased` (an error); or the parent is final or its batch has an outcome
 /// (`Ok(true)`: the row is discarded instead).
-fn refusal(
+pub(super) fn refusal(
     parent: i64,
     idx: i32,
     status: Option<&str>,
@@ -87,7 +91,7 @@ fn refusal(
 /// Discards row `idx` of `parent` on the open transaction with `error`, releasing the parent's
 /// claims among its sidecar's tokens (by job id when `malformed`, see
 /// [`crate::Store::settle_work`]); `bump` is added to its attempts.
-async fn discard_row(
+pub(super) async fn discard_row(
     conn: &mut SqliteConnection,
     parent: i64,
     idx: i32,
@@ -368,7 +372,7 @@ pub(super) async fn create_child(
     // Every claim the child is to take over must still be the parent's (not taken over after
     // its TTL, not released); the check holds since this is the one writer.
     let held: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM dockhand_item_claims
+        "SELECT COUNT(*) FROM dockhand_item_claims INDEXED BY dockhand_item_claims_token
          WHERE job_id = ? AND status = 'claimed' AND token IN (SELECT value FROM json_each(?))",
     )
     .bind(parent)
@@ -415,7 +419,8 @@ pub(super) async fn create_child(
     .await
     .map_err(Error::db(op))?;
     sqlx::query(
-        "UPDATE dockhand_item_claims SET job_id = ?1, expires_at = ?4 + COALESCE(ttl_ms, ?5)
+        "UPDATE dockhand_item_claims INDEXED BY dockhand_item_claims_token
+         SET job_id = ?1, expires_at = ?4 + COALESCE(ttl_ms, ?5)
          WHERE job_id = ?2 AND status = 'claimed' AND token IN (SELECT value FROM json_each(?3))",
     )
     .bind(child)

@@ -505,6 +505,31 @@ pub(super) async fn mark_event_delivered(
     Ok(done.rows_affected() == 1)
 }
 
+pub(super) async fn mark_events_delivered(
+    store: &SqliteStore,
+    event_ids: &[i64],
+    now: DateTime<Utc>,
+) -> Result<u64> {
+    let op = "mark_events_delivered";
+    if event_ids.is_empty() {
+        return Ok(0);
+    }
+    let ids =
+        serde_json::to_string(event_ids).map_err(|e| Error::invalid("event_ids", e.to_string()))?;
+    let mut tx = store.begin_write(op).await?;
+    let done = sqlx::query(
+        "UPDATE dockhand_job_events SET delivered_at = ?
+         WHERE id IN (SELECT value FROM json_each(?)) AND delivered_at IS NULL",
+    )
+    .bind(ms(now))
+    .bind(ids)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok(done.rows_affected())
+}
+
 pub(super) async fn put_packets(
     store: &SqliteStore,
     packets: &[EncodedPacket],

@@ -24,6 +24,7 @@ mod batch_tests;
 mod bridge;
 #[cfg(test)]
 mod cancel_tests;
+mod children;
 mod claim;
 mod claim_upkeep;
 mod claims;
@@ -358,6 +359,10 @@ impl Store for SqliteStore {
         jobs::mark_event_delivered(self, event_id, now).await
     }
 
+    async fn mark_events_delivered(&self, event_ids: &[i64], now: DateTime<Utc>) -> Result<u64> {
+        jobs::mark_events_delivered(self, event_ids, now).await
+    }
+
     async fn put_packets(&self, packets: &[EncodedPacket], now: DateTime<Utc>) -> Result<()> {
         jobs::put_packets(self, packets, now).await
     }
@@ -453,6 +458,15 @@ impl Store for SqliteStore {
         now: DateTime<Utc>,
     ) -> Result<ChildOutcome> {
         batch::create_child(self, child, chunk, now).await
+    }
+
+    async fn create_children(
+        &self,
+        children: &[ChildSpec],
+        chunk: Lease,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ChildOutcome>> {
+        children::create_children(self, children, chunk, now).await
     }
 
     async fn settle_work(

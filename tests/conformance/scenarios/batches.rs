@@ -257,6 +257,8 @@ pub async fn s_b5_missing_and_corrupt_packets_are_discarded(db: TestDb) {
 pub async fn s_b6_child_creation_fails_permanently(db: TestDb) {
     let faulty = FaultyStore::wrap(db.store.clone());
     let rt = runtime(&db, faulty.clone(), batch_pipeline(3, 10, ok_child)).await;
+    // The chunk's set-based creation fails, and so does each row's on its own.
+    faulty.fail_from("create_children", 1, FaultMode::FailBefore);
     faulty.fail_from("create_child", 1, FaultMode::FailBefore);
     let parent = rt.jobs().start("batch", json!({})).await.unwrap();
     rt.drain(1000).await.unwrap();

@@ -61,11 +61,13 @@ pub const SWEPT: &[&str] = &[
     "schedule_chunk",
     "lease_work",
     "create_child",
+    "create_children",
     "settle_work",
     "fence_batch",
     "abort_batch",
     "reap_expired",
     "mark_event_delivered",
+    "mark_events_delivered",
     "cleanup_worklist",
 ];
 
@@ -74,6 +76,7 @@ pub const SWEPT: &[&str] = &[
 pub const FIRST_OF_TWO: &[&str] = &[
     "schedule_chunk",
     "create_child",
+    "create_children",
     "settle_work",
     "fence_batch",
     "abort_batch",
@@ -83,7 +86,13 @@ pub const FIRST_OF_TWO: &[&str] = &[
 
 /// The batch engine's writes the operator's cancel is landed right before
 /// ([`Point::CancelBefore`]): a chunk or child whose run is under way when the cancel commits.
-pub const INTERLEAVED: &[&str] = &["lease_work", "create_child", "settle_work", "start_step"];
+pub const INTERLEAVED: &[&str] = &[
+    "lease_work",
+    "create_child",
+    "create_children",
+    "settle_work",
+    "start_step",
+];
 
 /// The writes a failure route makes (re-arming an action, finishing a job through the
 /// bridge, failing a batch): each gets the second fault of a [`Point::Double`].
@@ -98,7 +107,12 @@ const TRANSIENT_AWARE: &[&str] = &["finish", "finish_many", "schedule_chunk", "c
 
 /// Maintenance methods run on every drain round; only their first calls are swept (later
 /// ones repeat the same situation).
-const MAINTENANCE: &[&str] = &["reap_expired", "mark_event_delivered", "cleanup_worklist"];
+const MAINTENANCE: &[&str] = &[
+    "reap_expired",
+    "mark_event_delivered",
+    "mark_events_delivered",
+    "cleanup_worklist",
+];
 /// How many calls of each maintenance method are swept.
 const MAINTENANCE_CALLS: u64 = 2;
 
