@@ -4,8 +4,8 @@
 
 use super::delegate::delegate_store;
 use super::{
-    Backend, ClaimRequest, ClaimedAction, DynStore, Enqueued, Finish, FinishResult, JobPrune,
-    Lease, PruneCutoffs, QueueStats, ReapReport, Store,
+    Backend, ClaimRequest, ClaimedAction, DynStore, Enqueued, Finish, FinishAndClaim, FinishResult,
+    JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Store,
 };
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
