@@ -6,7 +6,7 @@
 //! - `prefetch`: the claim-ahead buffer and the policy sizing claim rounds (Q3).
 //! - `held`: the registry of held leases (buffered, running, finishing) and the heartbeat.
 //! - `acks`: group-committed rounds of finishes, sharing a round trip with the next claim.
-//! - `execute`: one run of one claimed action (timeout, panic capture, outcome → [`Finish`]).
+//! - `execute`: one run of one claimed action (timeout, panic capture, outcome → [`Finish`](crate::store::Finish)).
 
 mod acks;
 mod execute;
