@@ -5,13 +5,13 @@
 
 #![forbid(unsafe_code)]
 
-use chrono::{Duration, TimeZone, Utc};
+use chrono::{DateTime, Duration, TimeZone, Utc};
 use dockhand::cli::UiArgs;
 use dockhand::store::{ClaimRequest, Finish};
 use dockhand::ui::{standalone_router, Access, UiConfig};
 use dockhand::{
-    ActionSpec, DynStore, HandlerError, Packet, Pipeline, Queue, Recurrence, Runtime, ScheduleSpec,
-    StepContext, StepOutput, TestClock,
+    ActionSpec, DynStore, HandlerError, OffsetClock, Packet, Pipeline, Queue, Recurrence, Runtime,
+    ScheduleSpec, StepContext, StepOutput, SystemClock, TestClock,
 };
 use fantoccini::{Client, ClientBuilder};
 use serde_json::json;
@@ -77,9 +77,16 @@ fn import_pipeline() -> Pipeline {
 
 /// Runs a real fan-out through a runtime on the same database: 20 items in chunks of 5, the
 /// items 3, 11 and 17 fail fatally. Returns the parent job once every child is final.
-async fn run_batch(url: &str) -> i64 {
+///
+/// The runtime's clock starts at `start` and runs at wall-clock speed, so the batch's times
+/// are minutes before the seed's frozen `t0` the dashboard renders with: on the system clock
+/// they would be wherever today is, and the page would show them relative to `t0` (a screenshot
+/// once said "updated … (in 250d)").
+async fn run_batch(url: &str, start: DateTime<Utc>) -> i64 {
     let pipeline = import_pipeline();
+    let clock = OffsetClock::new(Arc::new(SystemClock), start - Utc::now());
     let runtime = Runtime::builder(url)
+        .clock(Arc::new(clock))
         .pipeline(pipeline)
         .concurrency(4)
         .poll_interval(std::time::Duration::from_millis(20))
@@ -133,12 +140,13 @@ impl Dashboard {
         let url = format!("sqlite:{}", dir.path().join("e2e.db").display());
         let store = dockhand::store::connect(&url).await.expect("open sqlite");
         store.migrate().await.expect("migrate");
-        // The batch first: its runtime fails every action whose hook it does not know.
-        let batch = run_batch(&url).await;
         let t0 = Utc
             .with_ymd_and_hms(2026, 3, 27, 12, 0, 0)
             .single()
             .expect("t0");
+        // The batch first (its runtime fails every action whose hook it does not know), ten
+        // minutes before t0 on the seed's timeline.
+        let batch = run_batch(&url, t0 - Duration::minutes(10)).await;
         let clock = TestClock::at(t0);
         let queue = Queue::with_clock(Arc::clone(&store), Arc::new(clock.clone()));
         let mut pending = Vec::new();

@@ -207,6 +207,18 @@ async fn the_dashboard_works_in_a_browser() {
         .expect("batch");
     wait_text(&b, "main", "Failed children").await;
     wait_text(&b, "main dl", "3").await;
+    // The failed children were updated minutes before the page's clock: "ago", never "in".
+    let children = c
+        .find(Locator::Css("main table"))
+        .await
+        .expect("failed children")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        children.contains(" ago)") && !children.contains("(in "),
+        "relative times against the page's clock: {children}"
+    );
     b.shot("batch").await;
 
     // Dark mode: the toggle sets the cookie and the class.

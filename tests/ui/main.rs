@@ -16,4 +16,5 @@ mod rerun;
 mod security;
 mod seed;
 mod support;
+mod times;
 mod writes;
