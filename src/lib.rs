@@ -31,7 +31,8 @@
 //! Module map: [`action`] (what is enqueued), [`schedule`] (recurring definitions), [`state`]
 //! (the only transition rules), [`store`] (all SQL, one module per backend), [`runner`] (the
 //! worker pool), [`maintenance`] (reaper, scheduler, retention), [`runtime`] (builder and
-//! handle), [`queue`] (enqueue and query API), [`telemetry`] (metric and span names), and,
+//! handle), [`queue`] (enqueue and query API), [`telemetry`] (metric and span names),
+//! [`prometheus`] (the metrics in Prometheus format, the database gauges), and,
 //! with the `ui` feature, `ui` (the operator dashboard: an axum router of server-rendered
 //! pages, also served by `dockhand ui`).
 
@@ -56,6 +57,7 @@ pub mod failpoint;
 pub mod handler;
 pub mod jobs;
 pub mod maintenance;
+pub mod prometheus;
 pub mod queue;
 pub mod runner;
 pub mod runtime;

@@ -14,6 +14,21 @@
 //! | `dockhand_reaped_total` | counter | `outcome` | expired leases requeued/failed |
 //! | `dockhand_store_retries_total` | counter | `op` | transient store errors retried in-process |
 //! | `dockhand_store_deadlock_retries_total` | counter | `backend`, `op` | store transactions re-run whole after a deadlock, lock wait timeout or serialization failure (MySQL: every multi-statement write), or a completion handler's transient error (all backends) |
+//! | `dockhand_claim_duration_seconds` | histogram | `op` | a runner's claim round trip to the store: `claim`, or `finish_and_claim` (finishes written and actions claimed in one round) |
+//! | `dockhand_finish_duration_seconds` | histogram | | a run's finish write as the run sees it: from the handler's end to the write acknowledged (batching wait and in-process retries included) |
+//! | `dockhand_actions` | gauge | `group`, `status` | actions stored now, by group and status (`pending`, `running`, `failed`) |
+//! | `dockhand_actions_due` | gauge | `group` | pending actions already due |
+//! | `dockhand_oldest_due_lag_seconds` | gauge | `group` | how late the oldest due pending action is (0 when none is due) |
+//! | `dockhand_jobs_processing` | gauge | | jobs in status `processing` |
+//! | `dockhand_batches_open` | gauge | | batch parents not final |
+//! | `dockhand_item_claims_held` | gauge | | item claims held (status `claimed`) |
+//!
+//! Histograms are in seconds with the buckets [`crate::prometheus::BUCKETS`] (1 ms to 10 min).
+//! `dockhand_action_lag_seconds` is the queue's lag: for an action due when it was enqueued,
+//! the time from enqueue to start. The gauges are read from the database by
+//! [`crate::prometheus::spawn_gauges`] (every 15 s in `dockhand run --metrics-bind` and
+//! `dockhand ui`): they describe the whole database, so several processes export the same
+//! values (aggregate with `max`). `group` is empty for actions without a group.
 //!
 //! Spans: `dockhand.action.run` (fields `action_id`, `hook`, `attempt`), `dockhand.store`
 //! (field `op`), `dockhand.maintenance` (field `task`).
@@ -47,6 +62,23 @@ pub const STORE_RETRIES: &str = "dockhand_store_retries_total";
 /// Counter: store transactions re-run inside the store after a deadlock, lock wait timeout or
 /// serialization failure, or a completion handler's transient error.
 pub const STORE_DEADLOCK_RETRIES: &str = "dockhand_store_deadlock_retries_total";
+/// Histogram: a runner's claim round trip to the store, label `op` (`claim`,
+/// `finish_and_claim`).
+pub const CLAIM_DURATION: &str = "dockhand_claim_duration_seconds";
+/// Histogram: a run's finish write from the handler's end to its acknowledgement.
+pub const FINISH_DURATION: &str = "dockhand_finish_duration_seconds";
+/// Gauge: actions stored now, labels `group` and `status` (pending, running, failed).
+pub const ACTIONS: &str = "dockhand_actions";
+/// Gauge: pending actions already due, label `group`.
+pub const ACTIONS_DUE: &str = "dockhand_actions_due";
+/// Gauge: seconds the oldest due pending action of a group is late, label `group`.
+pub const OLDEST_DUE_LAG: &str = "dockhand_oldest_due_lag_seconds";
+/// Gauge: jobs in status `processing`.
+pub const JOBS_PROCESSING: &str = "dockhand_jobs_processing";
+/// Gauge: batch parents not final.
+pub const BATCHES_OPEN: &str = "dockhand_batches_open";
+/// Gauge: item claims held.
+pub const CLAIMS_HELD: &str = "dockhand_item_claims_held";
 
 /// Span name for one action run.
 pub const SPAN_RUN: &str = "dockhand.action.run";

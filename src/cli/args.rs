@@ -84,6 +84,16 @@ pub fn require_existing_sqlite_file(url: &str) -> Result<()> {
     }
 }
 
+/// [`parse_duration`] for an interval: at least one second.
+pub fn parse_positive_duration(text: &str) -> std::result::Result<std::time::Duration, String> {
+    let d = parse_duration(text)?;
+    if d < Duration::seconds(1) {
+        return Err(format!("invalid interval `{text}`: at least 1s"));
+    }
+    d.to_std()
+        .map_err(|_| format!("invalid interval `{text}`: too large"))
+}
+
 /// Parses a duration such as `30s`, `5m`, `2h`, `1d`, `250ms` or `1h30m`; a leading `-` makes it
 /// negative (so that the library, not the parser, refuses it with the field's name).
 pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {

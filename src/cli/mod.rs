@@ -464,6 +464,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = crate::runner::DEFAULT_PREFETCH as u32,
           value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub prefetch: u32,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9187; port 0 picks a
+    /// free port, printed at start): this worker's counters and histograms, and the
+    /// database's gauges refreshed every --metrics-interval. No authentication: bind it to an
+    /// address only your Prometheus reaches.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_bind: Option<std::net::SocketAddr>,
+    /// How often the database gauges of --metrics-bind are read (one query each time).
+    #[arg(long, value_name = "DURATION", default_value = "15s", requires = "metrics_bind",
+          value_parser = args::parse_positive_duration)]
+    pub metrics_interval: std::time::Duration,
 }
 
 /// Options of `dockhand demo`.

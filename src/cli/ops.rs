@@ -152,7 +152,22 @@ pub(crate) async fn run_worker(url: &str, a: &RunArgs, out: Output) -> Result<()
         .only_registered_hooks(true)
         .build()
         .await?;
+    // Listen before starting: a bad --metrics-bind stops here, before any action is claimed.
+    let exporter = match a.metrics_bind {
+        Some(addr) => Some(metrics_endpoint(addr).await?),
+        None => None,
+    };
     let handle = runtime.start().await?;
+    let exporter = exporter.map(|(listener, metrics)| {
+        let clock: Arc<dyn crate::Clock> = match runtime.database_clock() {
+            Some(c) => c.clone(),
+            None => Arc::new(crate::SystemClock),
+        };
+        [
+            tokio::spawn(crate::prometheus::serve(listener, metrics)),
+            crate::prometheus::spawn_gauges(runtime.store().clone(), clock, a.metrics_interval),
+        ]
+    });
     eprintln!(
         "dockhand worker on {} (hooks: {}; concurrency {}); stop with Ctrl-C or SIGTERM",
         redact_url(url),
@@ -165,6 +180,9 @@ pub(crate) async fn run_worker(url: &str, a: &RunArgs, out: Output) -> Result<()
     };
     eprintln!("stopping: waiting for in-flight actions to finish…");
     handle.shutdown().await;
+    for task in exporter.into_iter().flatten() {
+        task.abort();
+    }
     runtime.store().close().await;
     match stop {
         Ok(signal) => {
@@ -178,6 +196,24 @@ pub(crate) async fn run_worker(url: &str, a: &RunArgs, out: Output) -> Result<()
         }
     }
     out.emit(&json!({"stopped": true}), || "worker stopped".into())
+}
+
+/// `--metrics-bind`: the installed recorder and a listener on `addr` (its bound address
+/// printed, for port 0), or an error naming the flag.
+async fn metrics_endpoint(
+    addr: std::net::SocketAddr,
+) -> Result<(tokio::net::TcpListener, crate::prometheus::MetricsHandle), CliError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::Failed(format!("cannot listen on --metrics-bind {addr}: {e}")))?;
+    let bound = listener.local_addr().map_err(|e| {
+        CliError::Failed(format!(
+            "cannot read the --metrics-bind address {addr}: {e}"
+        ))
+    })?;
+    let metrics = crate::prometheus::install()?;
+    eprintln!("metrics on http://{bound}/metrics");
+    Ok((listener, metrics))
 }
 
 /// How often `run` checks that the database still takes writes.

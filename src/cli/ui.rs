@@ -187,7 +187,15 @@ async fn serve(url: &str, a: &UiArgs, out: Output) -> Result<(), CliError> {
     }
     let listener = tokio::net::TcpListener::bind(a.bind).await?;
     let addr = listener.local_addr()?;
-    let cfg = a.config(addr);
+    let cfg = crate::ui::UiConfig {
+        metrics: Some(crate::prometheus::install()?),
+        ..a.config(addr)
+    };
+    let gauges = crate::prometheus::spawn_gauges(
+        Arc::clone(&store),
+        Arc::clone(&cfg.clock),
+        crate::prometheus::DEFAULT_GAUGE_INTERVAL,
+    );
     let access = cfg.access;
     let checks_host = match cfg.host_check {
         crate::ui::HostCheck::Always => true,
@@ -229,6 +237,7 @@ async fn serve(url: &str, a: &UiArgs, out: Output) -> Result<(), CliError> {
         }
     })
     .await;
+    gauges.abort();
     store.close().await;
     served?;
     out.emit(&serde_json::json!({"stopped": true}), || {

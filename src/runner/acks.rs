@@ -12,6 +12,7 @@ use crate::store::{ClaimedAction, DynStore, Finish, FinishResult, Lease};
 use crate::telemetry;
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 /// Most acknowledgements written in one round.
@@ -62,16 +63,22 @@ pub(crate) async fn round(runner: Arc<Runner>, acks: Vec<AckRequest>, claim: usi
         write(store, acks, now).await;
         None
     } else if acks.is_empty() {
-        Some(
-            store
-                .claim(&runner.claim_request(claim, now, lease_until))
-                .await,
-        )
+        let started = Instant::now();
+        let claimed = store
+            .claim(&runner.claim_request(claim, now, lease_until))
+            .await;
+        metrics::histogram!(telemetry::CLAIM_DURATION, "op" => "claim")
+            .record(started.elapsed().as_secs_f64());
+        Some(claimed)
     } else {
         let items: Vec<(Lease, Finish)> =
             acks.iter().map(|r| (r.lease, r.outcome.clone())).collect();
         let req = runner.claim_request(claim, now, lease_until);
-        match store.finish_and_claim(&items, &req, now).await {
+        let started = Instant::now();
+        let both = store.finish_and_claim(&items, &req, now).await;
+        metrics::histogram!(telemetry::CLAIM_DURATION, "op" => "finish_and_claim")
+            .record(started.elapsed().as_secs_f64());
+        match both {
             Ok(both) if both.finished.len() == acks.len() => {
                 for (req, r) in acks.into_iter().zip(both.finished) {
                     let _ = req.reply.send(Ok(r));

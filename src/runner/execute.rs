@@ -164,6 +164,7 @@ impl Runner {
                 None => self.store.finish(lease, outcome, self.clock.now()).await,
             }
         };
+        let started = Instant::now();
         let result = write
             .retry(
                 ExponentialBuilder::default()
@@ -176,6 +177,7 @@ impl Runner {
                 tracing::debug!(error = %e, "retrying finish");
             })
             .await;
+        metrics::histogram!(telemetry::FINISH_DURATION).record(started.elapsed().as_secs_f64());
         let hook = action.hook.clone();
         match result {
             Ok(FinishResult::Applied) => {

@@ -137,7 +137,10 @@ impl Runner {
     async fn claim(&self, limit: usize) -> Result<Vec<ClaimedAction>> {
         let now = self.clock.now();
         let req = self.claim_request(limit, now, now + self.lease_len());
+        let started = std::time::Instant::now();
         let claimed = self.store.claim(&req).await?;
+        metrics::histogram!(telemetry::CLAIM_DURATION, "op" => "claim")
+            .record(started.elapsed().as_secs_f64());
         if !claimed.is_empty() {
             metrics::counter!(telemetry::CLAIMED).increment(claimed.len() as u64);
         }

@@ -559,6 +559,12 @@ macro_rules! delegate_store {
                     self.inner.throughput(since, until, bucket)
                 )
             }
+            async fn metrics_gauges(
+                &self,
+                now: DateTime<Utc>,
+            ) -> Result<$crate::store::MetricsGauges> {
+                $around!(self, "metrics_gauges", self.inner.metrics_gauges(now))
+            }
             async fn logs_tail(&self, id: i64, limit: i64) -> Result<Vec<ActionLog>> {
                 $around!(self, "logs_tail", self.inner.logs_tail(id, limit))
             }

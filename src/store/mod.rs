@@ -57,7 +57,8 @@ pub use redact::{redact_text, redact_url};
 
 pub use types::{
     Backend, BulkOutcome, Capped, ClaimRequest, ClaimedAction, Enqueued, Finish, FinishAndClaim,
-    FinishResult, JobPrune, Lease, PruneCutoffs, QueueStats, ReapReport, Routing, ThroughputBucket,
+    FinishResult, GroupGauges, JobPrune, Lease, MetricsGauges, PruneCutoffs, QueueStats,
+    ReapReport, Routing, ThroughputBucket,
 };
 
 /// Every database action the runtime needs. Implemented by [`sqlite::SqliteStore`],
@@ -590,6 +591,12 @@ pub trait Store: Send + Sync + 'static {
         until: DateTime<Utc>,
         bucket: chrono::Duration,
     ) -> Result<Vec<ThroughputBucket>>;
+
+    /// The gauges Prometheus exports, in one query: per group, pending, due (at `now`),
+    /// running and failed actions and the oldest due time; processing jobs, open batches and
+    /// held item claims. Counts are exact (not capped): [`crate::prometheus::spawn_gauges`]
+    /// calls it every few seconds, not per page view.
+    async fn metrics_gauges(&self, now: DateTime<Utc>) -> Result<MetricsGauges>;
 
     /// The last `limit` log entries of an action, oldest first (a snoozing action can have
     /// 10^5 of them; [`Store::logs`] reads all).

@@ -285,6 +285,36 @@ pub struct ThroughputBucket {
     pub failed: i64,
 }
 
+/// The database gauges Prometheus exports (`Store::metrics_gauges`), read in one query.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct MetricsGauges {
+    /// Per group with at least one pending, running or failed action, in no set order.
+    pub groups: Vec<GroupGauges>,
+    /// Jobs in status `processing`.
+    pub jobs_processing: i64,
+    /// Batch parents not final (`pending`, `processing` or `waiting`).
+    pub batches_open: i64,
+    /// Item claims in status `claimed`.
+    pub claims_held: i64,
+}
+
+/// One group's actions in [`MetricsGauges`] (uncapped counts).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GroupGauges {
+    /// The group; `None` for actions without one.
+    pub group: Option<String>,
+    /// Pending actions.
+    pub pending: i64,
+    /// Pending actions due at the time asked.
+    pub due: i64,
+    /// Running actions.
+    pub running: i64,
+    /// Failed actions (still stored).
+    pub failed: i64,
+    /// When the oldest due pending action was due.
+    pub oldest_due: Option<DateTime<Utc>>,
+}
+
 /// What a bulk operator operation did to the ids it was given.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct BulkOutcome {

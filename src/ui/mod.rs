@@ -29,7 +29,8 @@
 //! - this module: [`UiConfig`], [`Access`], [`UiUser`], [`HostCheck`], [`validate_base_path`]
 //!   and the routers ([`router`], [`standalone_router`]);
 //! - `router`: the routes, the shared `AppState`, the request context every page gets
-//!   (`Ctx`: access, user, CSRF token, timezone, theme, `HX-Request`) and the POST handlers;
+//!   (`Ctx`: access, user, CSRF token, timezone, theme, `HX-Request`), the POST handlers and
+//!   `GET /metrics` (Prometheus text, when [`UiConfig::metrics`] is set);
 //! - `layers`: the middleware (security headers, authentication, read-only, CSRF, the
 //!   dashboard's error page on every error response);
 //! - `host`: the `Host` check against DNS rebinding;
@@ -178,6 +179,12 @@ pub struct UiConfig {
     /// on; `dockhand ui` lists them with its bound port). Checked by [`try_router`]
     /// ([`validate_allowed_host`]).
     pub allowed_hosts: Vec<String>,
+    /// The Prometheus recorder `GET /metrics` renders ([`crate::prometheus::install`]),
+    /// behind the same `Host` check and authentication as the pages; `None` (the default):
+    /// `/metrics` is 404. `dockhand ui` sets it and refreshes the database gauges
+    /// ([`crate::prometheus::spawn_gauges`]); a host application that mounts the router
+    /// starts the gauges itself if it wants them.
+    pub metrics: Option<crate::prometheus::MetricsHandle>,
 }
 
 impl Default for UiConfig {
@@ -198,6 +205,7 @@ impl Default for UiConfig {
             clock: Arc::new(SystemClock),
             host_check: HostCheck::WithoutCredentials,
             allowed_hosts: LOOPBACK_NAMES.iter().map(|n| n.to_string()).collect(),
+            metrics: None,
         }
     }
 }
@@ -221,6 +229,7 @@ impl std::fmt::Debug for UiConfig {
             .field("clock", &self.clock)
             .field("host_check", &self.host_check)
             .field("allowed_hosts", &self.allowed_hosts)
+            .field("metrics", &self.metrics.is_some())
             .finish()
     }
 }

@@ -127,6 +127,7 @@ fn layered(routes: Router<AppState>, st: AppState) -> Router {
 fn routes() -> Router<AppState> {
     Router::new()
         .route("/", get(pages::overview::page))
+        .route("/metrics", get(metrics))
         .route("/actions/{id}", get(pages::action::page))
         .route("/actions/{id}/args.json", get(pages::action::args_json))
         .route("/actions/{id}/retry", post(pages::action::retry))
@@ -152,6 +153,22 @@ fn routes() -> Router<AppState> {
         .route("/schedules/{id}/enable", post(pages::schedules::enable))
         .route("/schedules/{id}/disable", post(pages::schedules::disable))
         .merge(assets::routes())
+}
+
+/// `GET /metrics`: the Prometheus text of [`UiConfig::metrics`], never cached; 404 when the
+/// router has none.
+async fn metrics(axum::extract::State(st): axum::extract::State<AppState>, ctx: Ctx) -> Response {
+    match &st.cfg.metrics {
+        Some(h) => (
+            [
+                (header::CONTENT_TYPE, crate::prometheus::CONTENT_TYPE),
+                (header::CACHE_CONTROL, "no-store"),
+            ],
+            h.render(),
+        )
+            .into_response(),
+        None => not_found(ctx).await,
+    }
 }
 
 async fn not_found(ctx: Ctx) -> Response {

@@ -160,6 +160,8 @@ conformance!(
     ops_job_pages_and_a_jobs_own_actions,
     ops_claim_pages_and_scopes,
     ops_paused_group_is_not_claimed_until_resumed,
+    // Prometheus (issue 17 item 2)
+    metrics_scrape_shows_a_drained_queue,
     // The fault-point sweep (RELIABILITY.md §1)
     sweep_fault_points,
 );

@@ -10,6 +10,7 @@ mod hardening;
 mod host_check;
 mod jobs;
 mod lists;
+mod metrics;
 mod pages;
 mod refresh;
 mod rerun;

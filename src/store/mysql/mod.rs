@@ -31,6 +31,7 @@ mod connect;
 mod enqueue;
 mod fence;
 mod finish;
+mod gauges;
 mod jobs;
 pub mod ledger;
 mod maintenance;
@@ -571,6 +572,10 @@ impl Store for MySqlStore {
 
     async fn count_actions(&self, search: &ActionSearch, cap: i64) -> Result<Capped> {
         ui::count_actions(self, search, cap).await
+    }
+
+    async fn metrics_gauges(&self, now: DateTime<Utc>) -> Result<crate::store::MetricsGauges> {
+        gauges::metrics_gauges(self, now).await
     }
 
     async fn throughput(

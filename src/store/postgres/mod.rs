@@ -25,6 +25,7 @@ mod claims;
 mod connect;
 mod enqueue;
 mod finish;
+mod gauges;
 mod jobs;
 pub mod ledger;
 mod listen;
@@ -603,6 +604,10 @@ impl Store for PgStore {
 
     async fn count_actions(&self, search: &ActionSearch, cap: i64) -> Result<Capped> {
         ui::count_actions(self, search, cap).await
+    }
+
+    async fn metrics_gauges(&self, now: DateTime<Utc>) -> Result<crate::store::MetricsGauges> {
+        gauges::metrics_gauges(self, now).await
     }
 
     async fn throughput(

@@ -34,6 +34,7 @@ mod fence;
 #[cfg(test)]
 mod fence_tests;
 mod finish;
+mod gauges;
 mod jobs;
 pub mod ledger;
 mod maintenance;
@@ -543,6 +544,10 @@ impl Store for SqliteStore {
 
     async fn count_actions(&self, search: &ActionSearch, cap: i64) -> Result<Capped> {
         ui::count_actions(self, search, cap).await
+    }
+
+    async fn metrics_gauges(&self, now: DateTime<Utc>) -> Result<crate::store::MetricsGauges> {
+        gauges::metrics_gauges(self, now).await
     }
 
     async fn throughput(
