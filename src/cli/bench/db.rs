@@ -8,8 +8,8 @@
 //! MariaDB: database `dh_bench_<random>` through [`MySqlStore::create_database`], dropped with
 //! [`MySqlStore::drop_database`] afterwards.
 //!
-//! `--relaxed` needs no library switch: SQLite runs `PRAGMA synchronous = OFF` on the store's
-//! one writer connection ([`SqliteStore::pool`]); PostgreSQL adds
+//! `--relaxed`: SQLite runs `PRAGMA synchronous = OFF` on the store's write connection and its
+//! callers' pool ([`SqliteStore::relax_synchronous`]); PostgreSQL adds
 //! `options[synchronous_commit]=off` to the URL, so every pooled session starts with it. MySQL
 //! has no per-session switch (`innodb_flush_log_at_trx_commit` and `sync_binlog` are global), so
 //! `--relaxed` changes nothing there; the values in force are read back all the same.
@@ -75,10 +75,7 @@ impl Fresh {
                 let store = SqliteStore::connect(&url).await?;
                 let writer = store.pool().clone();
                 if relaxed {
-                    sqlx::query("PRAGMA synchronous = OFF")
-                        .execute(&writer)
-                        .await
-                        .map_err(|e| failed("cannot set PRAGMA synchronous = OFF", e))?;
+                    store.relax_synchronous().await?;
                 }
                 Fresh {
                     store: Traced::wrap(Arc::new(store)),

@@ -55,7 +55,7 @@ pub(super) async fn claim(
         .bind(hooks)
         .bind(routed_hooks)
         .bind(routed_groups)
-        .fetch_all(&store.writer)
+        .fetch_all(&mut *store.write_conn("claim").await?)
         .await
         .map_err(Error::db("claim"))?;
     decode_claimed(rows)
@@ -129,7 +129,7 @@ pub(super) async fn heartbeat(
     .bind(ms(until))
     .bind(owner)
     .bind(pairs_json)
-    .execute(&store.writer)
+    .execute(&mut *store.write_conn("heartbeat").await?)
     .await
     .map_err(Error::db("heartbeat"))?;
     Ok(done.rows_affected())

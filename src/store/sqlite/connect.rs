@@ -1,8 +1,10 @@
-//! Opening a [`SqliteStore`] and its inherent API: the writer and reader pools (one shared
-//! connection for in-memory databases), the pragmas read back at startup, the migrator, the
-//! pool accessor, transactional enqueue and in-process wake-ups, the `BEGIN IMMEDIATE` helper
-//! every write transaction starts with, and [`ms`] / [`from_ms`], the stored form of a time.
+//! Opening a [`SqliteStore`] and its inherent API: the write connection, the reader pool and
+//! the pool for callers' own transactions (one shared connection for in-memory databases),
+//! the pragmas read back at startup, the migrator, the pool accessor, transactional enqueue
+//! and in-process wake-ups, the write-transaction and write-connection helpers every write
+//! goes through (see `writer`), and [`ms`] / [`from_ms`], the stored form of a time.
 
+use super::writer::{WriteConn, WriteTx, Writer};
 use super::{enqueue, SqliteStore};
 use crate::action::PreparedAction;
 use crate::error::{Error, Result};
@@ -42,7 +44,8 @@ impl SqliteStore {
                 .await
                 .map_err(Error::db("connect"))?;
             return Ok(Self {
-                writer: pool.clone(),
+                writer: Writer::Pooled(pool.clone()),
+                pool: pool.clone(),
                 reader: pool,
                 wake: Wakeup::new(),
                 enqueues: Default::default(),
@@ -61,15 +64,19 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal);
         // No liveness ping before each acquire: a local file connection does not go stale, and
-        // the ping is a round trip to the worker thread on every store call. The writer never
-        // checkpoints: the background checkpointer does (see `Checkpointer`).
-        let writer = SqlitePoolOptions::new()
+        // the ping is a round trip to the worker thread on every store call. The writers never
+        // checkpoint: the background checkpointer does (see `Checkpointer`).
+        let write_opts = opts.clone().pragma("wal_autocheckpoint", "0");
+        let writer = Writer::open(&write_opts).await.map_err(opened)?;
+        // Migrations and callers' own transactions (`pool`, `enqueue_in`); they share the
+        // file's write lock with `writer` through SQLite's busy timeout.
+        let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .test_before_acquire(false)
-            .connect_with(opts.clone().pragma("wal_autocheckpoint", "0"))
+            .connect_with(write_opts)
             .await
             .map_err(opened)?;
-        check_pragmas(&writer).await?;
+        check_pragmas(&pool).await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
             .test_before_acquire(false)
@@ -79,6 +86,7 @@ impl SqliteStore {
         let checkpointer = Some(Checkpointer::start(reader.clone()));
         Ok(Self {
             writer,
+            pool,
             reader,
             wake: Wakeup::new(),
             enqueues: Default::default(),
@@ -86,10 +94,12 @@ impl SqliteStore {
         })
     }
 
-    /// The writer pool, for callers that want transactional enqueue in their own transaction
-    /// (see [`SqliteStore::enqueue_in`]).
+    /// A write pool for callers that want transactional enqueue in their own transaction (see
+    /// [`SqliteStore::enqueue_in`]). It is not the store's own write connection: a caller's
+    /// transaction and the store's writes take turns at the file's write lock (SQLite's busy
+    /// timeout, 10 s), so keep such transactions short.
     pub fn pool(&self) -> &SqlitePool {
-        &self.writer
+        &self.pool
     }
 
     /// Transactional enqueue: inserts the action inside the caller's open transaction, so it
@@ -108,34 +118,37 @@ impl SqliteStore {
         self.wake.notify();
     }
 
-    pub(crate) async fn begin_write(
-        &self,
-        op: &'static str,
-    ) -> Result<Transaction<'static, Sqlite>> {
-        begin_immediate(&self.writer, op).await
+    /// Starts a write transaction on the store's write connection (`BEGIN IMMEDIATE`).
+    pub(crate) async fn begin_write(&self, op: &'static str) -> Result<WriteTx> {
+        self.writer.begin(op).await
     }
-}
 
-/// `BEGIN IMMEDIATE` on `pool`, safe to cancel. sqlx's `begin_with` (0.8) awaits twice: the
-/// BEGIN (rolled back by sqlx's worker if its caller is gone) and then a check that the
-/// connection is in a transaction; a caller dropped at that second await (a runtime aborted,
-/// a timed-out call) leaves the pooled connection inside an open write transaction that no
-/// `Transaction` will ever end: every later write on it joins that transaction and never
-/// commits, and every later `begin_with` fails with `InvalidSavePointStatement`. The begin
-/// therefore runs on its own task: a caller dropped meanwhile drops the finished
-/// `Transaction`, which rolls back.
-pub(super) async fn begin_immediate(
-    pool: &SqlitePool,
-    op: &'static str,
-) -> Result<Transaction<'static, Sqlite>> {
-    let pool = pool.clone();
-    match tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await }).await {
-        Ok(begun) => begun.map_err(Error::db(op)),
-        // The task panicked or the runtime is shutting down: no transaction to hand out.
-        Err(_) => Err(Error::Database {
-            op,
-            source: sqlx::Error::WorkerCrashed,
-        }),
+    /// `PRAGMA synchronous = OFF` on the store's write connection and the callers' pool, for
+    /// `dockhand bench --relaxed` (a comparison of durability settings): commits are no longer
+    /// flushed at checkpoints, so an operating-system crash or power loss may lose the last
+    /// ones (a process crash still loses nothing). Not for production use.
+    #[doc(hidden)]
+    pub async fn relax_synchronous(&self) -> Result<()> {
+        let op = "PRAGMA synchronous = OFF";
+        sqlx::query(op)
+            .execute(&mut *self.write_conn(op).await?)
+            .await
+            .map_err(Error::db(op))?;
+        sqlx::query(op)
+            .execute(&self.pool)
+            .await
+            .map_err(Error::db(op))?;
+        Ok(())
+    }
+
+    /// The store's writer, for work that outlives a borrow of the store (group commits).
+    pub(super) fn writer_handle(&self) -> Writer {
+        self.writer.clone()
+    }
+
+    /// The store's write connection for autocommit statements.
+    pub(super) async fn write_conn(&self, op: &'static str) -> Result<WriteConn> {
+        self.writer.conn(op).await
     }
 }
 

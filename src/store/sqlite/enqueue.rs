@@ -2,12 +2,12 @@
 //! `created` log row is written by the `dockhand_actions_log_created` trigger (migration 0004).
 //! Single enqueues from concurrent callers are group-committed.
 
+use super::writer::Writer;
 use super::{ms, SqliteStore};
 use crate::action::PreparedAction;
 use crate::error::{Error, Result};
 use crate::store::Enqueued;
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::SqlitePool;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
 /// Bound parameters per inserted row; chunks stay under SQLite's 32,766-parameter limit.
@@ -35,7 +35,7 @@ pub(super) async fn enqueue(
     action: &PreparedAction,
     now: DateTime<Utc>,
 ) -> Result<Enqueued> {
-    let writer = store.writer.clone();
+    let writer = store.writer_handle();
     store
         .enqueues
         .submit((action.clone(), now), move |batch| {
@@ -48,14 +48,14 @@ pub(super) async fn enqueue(
 /// Writes queued single enqueues: one alone, several in one transaction (falling back to one
 /// at a time if that fails, so one bad row cannot fail its neighbours).
 async fn write_batch(
-    writer: &SqlitePool,
+    writer: &Writer,
     batch: Vec<(PreparedAction, DateTime<Utc>)>,
 ) -> Vec<Result<Enqueued>> {
     if batch.len() > 1 {
         let rows: Vec<(&PreparedAction, DateTime<Utc>)> =
             batch.iter().map(|(a, now)| (a, *now)).collect();
         let together = async {
-            let mut tx = super::connect::begin_immediate(writer, "enqueue").await?;
+            let mut tx = writer.begin("enqueue").await?;
             let ids = enqueue_rows(&mut tx, &rows).await?;
             tx.commit().await.map_err(Error::db("enqueue"))?;
             Ok::<_, Error>(ids)
@@ -76,11 +76,11 @@ async fn write_batch(
 
 /// One enqueue in autocommit mode: the insert is the only statement on the success path.
 async fn enqueue_alone(
-    writer: &SqlitePool,
+    writer: &Writer,
     action: &PreparedAction,
     now: DateTime<Utc>,
 ) -> Result<Enqueued> {
-    let mut conn = writer.acquire().await.map_err(Error::db("enqueue"))?;
+    let mut conn = writer.conn("enqueue").await?;
     for _ in 0..DUPLICATE_RACE_TRIES {
         if let Some(id) = insert(&mut conn, action, now).await? {
             return Ok(Enqueued { id, inserted: true });

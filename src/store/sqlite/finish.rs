@@ -86,11 +86,7 @@ pub(super) async fn finish_many(
     }
     let completes = complete_pairs(items);
     if completes.len() == items.len() {
-        let mut conn = store
-            .writer
-            .acquire()
-            .await
-            .map_err(Error::db("finish_many"))?;
+        let mut conn = store.write_conn("finish_many").await?;
         let applied = complete_set(&mut conn, &completes, now).await?;
         return log_lost_completions(&mut conn, items, &applied, now).await;
     }

@@ -10,9 +10,10 @@
 //! child creation), `fence` (fence, aborts, batch state and the children's counters) and
 //! `recovery` (job liveness and the invariant audit).
 //!
-//! SQLite has one writer at a time. This store keeps a one-connection writer pool (writers queue
-//! fairly in the pool instead of spinning in SQLite's busy handler) and a reader pool; every
-//! write transaction starts with `BEGIN IMMEDIATE`, so a read-then-write never fails to upgrade.
+//! SQLite has one writer at a time. This store keeps one write connection outside any pool
+//! (`writer`: writers queue fairly for it instead of spinning in SQLite's busy handler, and no
+//! pool pings it between writes) and a reader pool; every write transaction starts with
+//! `BEGIN IMMEDIATE`, so a read-then-write never fails to upgrade.
 //! Files are opened in WAL mode with `synchronous = NORMAL` (durable across a process crash) and a
 //! busy timeout for other processes; the pragmas are read back and startup fails if they did not
 //! take. Times are stored as integer milliseconds since the epoch.
@@ -49,6 +50,7 @@ mod schedule;
 mod tests;
 mod ui;
 mod views;
+mod writer;
 
 pub(crate) use connect::{from_ms, ms};
 
@@ -89,7 +91,10 @@ use tokio::sync::watch;
 /// A [`Store`] on SQLite.
 #[derive(Debug)]
 pub struct SqliteStore {
-    writer: SqlitePool,
+    /// The one write connection (see `writer`).
+    writer: writer::Writer,
+    /// Migrations and callers' own transactions.
+    pool: SqlitePool,
     reader: SqlitePool,
     wake: Wakeup,
     /// Single enqueues waiting to share a commit.
@@ -105,7 +110,7 @@ impl Store for SqliteStore {
     }
 
     async fn migrate(&self) -> Result<()> {
-        connect::MIGRATOR.run(&self.writer).await?;
+        connect::MIGRATOR.run(&self.pool).await?;
         Ok(())
     }
 
@@ -647,6 +652,7 @@ impl Store for SqliteStore {
 
     async fn close(&self) {
         self.writer.close().await;
+        self.pool.close().await;
         self.reader.close().await;
     }
 }

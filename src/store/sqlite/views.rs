@@ -130,6 +130,7 @@ pub(super) async fn set_group_paused(
     actor: &str,
     now: DateTime<Utc>,
 ) -> Result<bool> {
+    let mut conn = store.write_conn("set group paused").await?;
     let done = if paused {
         sqlx::query(
             "INSERT INTO dockhand_group_pauses (group_name, paused_at, paused_by) VALUES (?, ?, ?)
@@ -138,15 +139,16 @@ pub(super) async fn set_group_paused(
         .bind(group)
         .bind(ms(now))
         .bind(actor)
-        .execute(&store.writer)
+        .execute(&mut *conn)
         .await
     } else {
         sqlx::query("DELETE FROM dockhand_group_pauses WHERE group_name = ?")
             .bind(group)
-            .execute(&store.writer)
+            .execute(&mut *conn)
             .await
     }
     .map_err(Error::db("set group paused"))?;
+    drop(conn);
     if !paused && done.rows_affected() > 0 {
         store.notify();
     }
