@@ -3,6 +3,7 @@
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, ActionSpec};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
+use crate::limits::{GroupLimit, GroupLimitInfo};
 use crate::schedule::{Schedule, ScheduleSpec};
 use crate::state::ActionStatus;
 use crate::store::{DynStore, Enqueued, QueueStats};
@@ -187,5 +188,45 @@ impl Queue {
     /// Counts by status and group, past-due count, oldest lag.
     pub async fn stats(&self) -> Result<QueueStats> {
         self.store.stats(self.clock.now()).await
+    }
+
+    /// Sets (replaces) the limits of action group `group`, cluster-wide: at most
+    /// `limit.concurrency` of its actions running at once and at most `limit.rate` starts per
+    /// period, enforced inside every runner's claim (see [`crate::limits`]). Recorded as set by
+    /// `api`. True when the group had no limits before. Errors name the bad field
+    /// (`concurrency`, `rate`, `limit`, `group`).
+    ///
+    /// ```no_run
+    /// use dockhand::{GroupLimit, Queue, RateLimit};
+    /// use std::time::Duration;
+    ///
+    /// # async fn demo(queue: Queue) -> dockhand::Result<()> {
+    /// // at most 2 calls to the mail API at once, and 10 per second
+    /// queue
+    ///     .set_group_limit(
+    ///         "mail",
+    ///         GroupLimit {
+    ///             concurrency: Some(2),
+    ///             rate: Some(RateLimit::new(10, Duration::from_secs(1))),
+    ///         },
+    ///     )
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn set_group_limit(&self, group: &str, limit: GroupLimit) -> Result<bool> {
+        self.store
+            .set_group_limit(group, &limit, "api", self.clock.now())
+            .await
+    }
+
+    /// Removes the limits of action group `group`; its waiting actions become claimable at
+    /// once. True when it had limits.
+    pub async fn clear_group_limit(&self, group: &str) -> Result<bool> {
+        self.store.clear_group_limit(group).await
+    }
+
+    /// The limited groups by name, with their running actions and recent starts.
+    pub async fn group_limits(&self) -> Result<Vec<GroupLimitInfo>> {
+        self.store.group_limits(self.clock.now()).await
     }
 }

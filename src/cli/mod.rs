@@ -5,7 +5,7 @@
 //! works through [`crate::Queue`]; human tables by default, JSON with `--json`. The commands live
 //! in `actions` (enqueue, list, show, cancel, retry), `schedules` (recurring enqueue,
 //! unschedule, schedules), `jobs` (jobs list/show, manual-fail, cancel-job), `claims` (claims
-//! list), `recovery` (recover-stuck, liveness, check), `ops` (migrate, stats, prune, run),
+//! list), `groups` (group limits), `recovery` (recover-stuck, liveness, check), `ops` (migrate, stats, prune, run),
 //! `demo` (the feed-import demo, and the hooks `run` serves), `bench` (the DESIGN §10
 //! benchmark, on fresh databases of its own) and `ui` (the operator dashboard, `ui` feature);
 //! `args` parses durations and other values, `table` prints tables, `output` writes results and
@@ -16,6 +16,7 @@ pub mod args;
 mod bench;
 mod claims;
 mod demo;
+mod groups;
 mod jobs;
 mod ops;
 mod output;
@@ -27,6 +28,7 @@ mod ui;
 pub use bench::{BenchArgs, BenchBackend, Measurement, Workload};
 pub use claims::{ClaimListArgs, ClaimsCommand};
 pub use demo::{register_demo_hooks, DEMO_HOOKS};
+pub use groups::{GroupsCommand, LimitArgs};
 pub use jobs::{JobListArgs, JobsCommand};
 use output::Output;
 pub use output::{error_report, CliError, EXIT_RUNTIME, EXIT_USAGE};
@@ -165,6 +167,10 @@ pub enum Command {
     /// Inspect item claims: `claims list`.
     #[command(subcommand)]
     Claims(ClaimsCommand),
+    /// Action group limits: `groups limit G --concurrency N --rate N/PERIOD` (or --clear),
+    /// `groups limits`.
+    #[command(subcommand)]
+    Groups(GroupsCommand),
     /// Fail a job by hand through the terminal bridge, releasing its claimed items.
     ///
     /// Writes status `failed` with the reason, deletes the claims the job still holds and
@@ -551,6 +557,7 @@ impl Command {
                 | Command::Show { .. }
                 | Command::Jobs(_)
                 | Command::Claims(_)
+                | Command::Groups(GroupsCommand::Limits)
                 | Command::Schedules
                 | Command::Check
                 | Command::Liveness(_)
@@ -597,6 +604,7 @@ async fn dispatch(command: Command, url: &str, q: &Queue, out: Output) -> Result
         Command::Prune(a) => ops::prune(q, &a, out).await,
         Command::Jobs(c) => jobs::run(q, c, out).await,
         Command::Claims(c) => claims::run(q, c, out).await,
+        Command::Groups(c) => groups::run(q, c, out).await,
         Command::ManualFail { job, reason } => {
             jobs::finish_by_hand(q, job, JobStatus::Failed, &reason, out).await
         }
@@ -658,6 +666,16 @@ mod tests {
         assert!(parse(&["dockhand", "jobs", "list", "--status", "canceled"]).is_err());
         assert!(parse(&["dockhand", "claims", "list", "--status", "processed"]).is_ok());
         assert!(parse(&["dockhand", "claims", "list", "--status", "done"]).is_err());
+        assert!(parse(&["dockhand", "groups", "limit", "g", "--concurrency", "2"]).is_ok());
+        assert!(parse(&["dockhand", "groups", "limit", "g", "--rate", "10/s"]).is_ok());
+        assert!(parse(&["dockhand", "groups", "limit", "g", "--clear"]).is_ok());
+        assert!(parse(&["dockhand", "groups", "limit", "g"]).is_err());
+        assert!(parse(&["dockhand", "groups", "limit", "g", "--clear", "--rate", "1/s"]).is_err());
+        assert!(parse(&["dockhand", "groups", "limits", "--json"]).is_ok());
+        let e = parse(&["dockhand", "groups", "limit", "g", "--rate", "10/x"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--rate") && e.contains("invalid rate"), "{e}");
         assert!(parse(&["dockhand", "manual-fail", "3", "--reason", "bad feed"]).is_ok());
         assert!(parse(&["dockhand", "cancel-job", "3", "--reason", "x"]).is_err());
         assert!(parse(&[

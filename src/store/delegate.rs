@@ -626,6 +626,32 @@ macro_rules! delegate_store {
             async fn paused_groups(&self) -> Result<Vec<$crate::search::GroupPause>> {
                 $around!(self, "paused_groups", self.inner.paused_groups())
             }
+            async fn set_group_limit(
+                &self,
+                group: &str,
+                limit: &$crate::limits::GroupLimit,
+                actor: &str,
+                now: DateTime<Utc>,
+            ) -> Result<bool> {
+                $around!(
+                    self,
+                    "set_group_limit",
+                    self.inner.set_group_limit(group, limit, actor, now)
+                )
+            }
+            async fn clear_group_limit(&self, group: &str) -> Result<bool> {
+                $around!(
+                    self,
+                    "clear_group_limit",
+                    self.inner.clear_group_limit(group)
+                )
+            }
+            async fn group_limits(
+                &self,
+                now: DateTime<Utc>,
+            ) -> Result<Vec<$crate::limits::GroupLimitInfo>> {
+                $around!(self, "group_limits", self.inner.group_limits(now))
+            }
             async fn search_jobs(
                 &self,
                 search: &$crate::search::JobSearch,

@@ -22,6 +22,7 @@ use crate::jobs::{
     BridgeOutcome, Job, JobCreated, JobEvent, JobFilter, NewJob, ScheduleGuard, StepAction,
     StepStart,
 };
+use crate::limits::{GroupLimit, GroupLimitInfo};
 use crate::schedule::{PreparedSchedule, Schedule};
 use crate::search::{
     ActionPage, ActionSearch, ActionSummary, ClaimPage, ClaimSearch, GroupPause, GroupStat,
@@ -650,6 +651,26 @@ pub trait Store: Send + Sync + 'static {
 
     /// The paused groups, by name.
     async fn paused_groups(&self) -> Result<Vec<GroupPause>>;
+
+    /// Sets (replaces) the limits of an action group, one statement, after checking them
+    /// ([`GroupLimit::validate`]); the group's record of recent starts is kept, so a changed
+    /// rate still counts the starts already made. Claims enforce the limits from their next
+    /// transaction on (see [`crate::limits`]). True when the group had no limits before.
+    async fn set_group_limit(
+        &self,
+        group: &str,
+        limit: &GroupLimit,
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool>;
+
+    /// Removes the limits of an action group, one statement, and wakes the runners: its
+    /// waiting actions are claimable at once. True when it had limits.
+    async fn clear_group_limit(&self, group: &str) -> Result<bool>;
+
+    /// The limited groups by name, with their running actions and the starts in the rate
+    /// window ending at `now`.
+    async fn group_limits(&self, now: DateTime<Utc>) -> Result<Vec<GroupLimitInfo>>;
 
     /// One page of jobs, newest first (keyset on id).
     async fn search_jobs(&self, search: &JobSearch) -> Result<JobPage>;

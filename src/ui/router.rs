@@ -139,6 +139,8 @@ fn routes() -> Router<AppState> {
         .route("/groups", get(pages::groups::page))
         .route("/groups/pause", post(pages::groups::pause))
         .route("/groups/resume", post(pages::groups::resume))
+        .route("/groups/limit", post(pages::group_limits::set))
+        .route("/groups/unlimit", post(pages::group_limits::clear))
         .route("/jobs", get(pages::jobs::list))
         .route("/jobs/{id}", get(pages::jobs::page))
         .route("/jobs/{id}/fail", post(pages::jobs::fail))

@@ -307,6 +307,50 @@ impl TestDb {
         out
     }
 
+    /// The recorded start and finish times (milliseconds since the epoch) of every action of
+    /// `group`, as the rows hold them.
+    pub async fn start_finish_ms(&self, group: &str) -> Vec<(Option<i64>, Option<i64>)> {
+        let (started, finished) = match self.kind {
+            Kind::Postgres => (
+                "(extract(epoch FROM started_at) * 1000)::bigint",
+                "(extract(epoch FROM finished_at) * 1000)::bigint",
+            ),
+            Kind::Sqlite | Kind::Mysql => ("started_at", "finished_at"),
+        };
+        let sql = format!(
+            "SELECT {started} AS s, {finished} AS f FROM dockhand_actions WHERE group_name = '{group}'"
+        );
+        macro_rules! rows {
+            ($pool:expr) => {{
+                let pool = $pool;
+                let rows: Vec<(Option<i64>, Option<i64>)> =
+                    sqlx::query_as(&sql).fetch_all(&pool).await.expect("times");
+                pool.close().await;
+                rows
+            }};
+        }
+        match self.kind {
+            Kind::Sqlite => rows!(sqlx::SqlitePool::connect(&self.url)
+                .await
+                .expect("open sqlite")),
+            Kind::Postgres => {
+                use std::str::FromStr;
+                let schema = self.schema.clone().unwrap_or_else(|| "public".into());
+                let opts = sqlx::postgres::PgConnectOptions::from_str(&self.url)
+                    .expect("pg url")
+                    .options([("search_path", schema.as_str())]);
+                rows!(sqlx::PgPool::connect_with(opts).await.expect("open pg"))
+            }
+            Kind::Mysql => {
+                let name = self.schema.clone().unwrap_or_else(|| "test".into());
+                let opts = MySqlStore::url_for_database(&self.url, &name).expect("mysql url");
+                rows!(sqlx::MySqlPool::connect_with(opts)
+                    .await
+                    .expect("open mysql"))
+            }
+        }
+    }
+
     pub async fn cleanup(self) {
         self.store.close().await;
         match (self.kind, &self.schema) {

@@ -162,6 +162,14 @@ conformance!(
     ops_paused_group_is_not_claimed_until_resumed,
     // Prometheus (issue 17 item 2)
     metrics_scrape_shows_a_drained_queue,
+    // Group limits (issue 17 item 4: S-G1, S-G2)
+    s_g1_concurrency_limit_holds_across_three_runtimes,
+    s_g2_rate_limit_holds_in_every_one_second_window,
+    group_limits_are_set_listed_and_cleared,
+    group_concurrency_limit_leaves_other_groups_and_clears,
+    group_rate_limit_counts_starts_per_window,
+    group_limit_counts_buffered_actions,
+    paused_limited_group_and_rounds_keep_the_limit,
     // The fault-point sweep (RELIABILITY.md §1)
     sweep_fault_points,
 );

@@ -5,10 +5,12 @@
 //! `(status, priority, scheduled_at, id)` (concurrent claimers take disjoint rows without
 //! waiting; the hook filter and the routing of [`crate::store::Routing`] filter that scan),
 //! then one `UPDATE … WHERE id IN (…)` stamping the lease, the rows read back, and one
-//! multi-row insert of `started` log rows.
+//! multi-row insert of `started` log rows. While group limits exist (migration 0016) the pick
+//! leaves limited groups out and [`super::limits`] adds each one's share, under its row lock.
 
-use super::{from_ms, ms, opt_text, retry_deadlocks, text, MySqlStore};
+use super::{from_ms, limits, ms, opt_text, retry_deadlocks, text, MySqlStore};
 use crate::error::{Error, Result};
+use crate::limits::Candidate;
 use crate::store::{ClaimRequest, ClaimedAction, Lease};
 use chrono::{DateTime, Utc};
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
@@ -37,61 +39,32 @@ pub(super) async fn claim_on(
     conn: &mut MySqlConnection,
     req: &ClaimRequest<'_>,
 ) -> Result<Vec<ClaimedAction>> {
-    // Paused groups, read without locks first: inside the locking pick below a pause row held
-    // by another transaction would be skipped (SKIP LOCKED), and its group's actions claimed.
-    let paused: Vec<String> = sqlx::query("SELECT group_name FROM dockhand_group_pauses")
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(Error::db("claim (paused groups)"))?
-        .iter()
-        .map(|r| text(r, "group_name"))
-        .collect::<std::result::Result<_, _>>()
-        .map_err(Error::db("claim (paused groups)"))?;
-    let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
-        "SELECT id FROM dockhand_actions WHERE status = 'pending' AND scheduled_at <= ",
-    );
-    qb.push_bind(ms(req.now));
-    if !paused.is_empty() {
-        qb.push(" AND (group_name IS NULL OR group_name NOT IN (");
-        let mut sep = qb.separated(", ");
-        for g in paused {
-            sep.push_bind(g);
+    // Paused and limited groups, read without locks first: inside the locking pick below a
+    // pause row held by another transaction would be skipped (SKIP LOCKED), and its group's
+    // actions claimed.
+    let rows = sqlx::query(
+        "SELECT group_name, CAST(0 AS SIGNED) AS limited FROM dockhand_group_pauses
+         UNION ALL SELECT group_name, CAST(1 AS SIGNED) FROM dockhand_group_limits",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db("claim (paused groups)"))?;
+    let (mut paused, mut limited) = (Vec::new(), Vec::new());
+    for r in &rows {
+        let d = || Error::db("claim (paused groups)");
+        let name = text(r, "group_name").map_err(d())?;
+        if r.try_get::<i64, _>("limited").map_err(d())? == 0 {
+            paused.push(name);
+        } else {
+            limited.push(name);
         }
-        qb.push("))");
     }
-    if let Some(hooks) = req.hooks {
-        qb.push(" AND hook IN (");
-        let mut sep = qb.separated(", ");
-        for h in hooks {
-            sep.push_bind(h.as_str());
-        }
-        qb.push(")");
-    }
-    if let Some(routing) = req.routing.filter(|r| !r.hooks.is_empty()) {
-        qb.push(" AND (hook NOT IN (");
-        let mut sep = qb.separated(", ");
-        for h in routing.hooks {
-            sep.push_bind(h.as_str());
-        }
-        qb.push(")");
-        if !routing.groups.is_empty() {
-            qb.push(" OR group_name IN (");
-            let mut sep = qb.separated(", ");
-            for g in routing.groups {
-                sep.push_bind(g.as_str());
-            }
-            qb.push(")");
-        }
-        qb.push(")");
-    }
-    qb.push(" ORDER BY priority, scheduled_at, id LIMIT ")
-        .push_bind(req.limit)
-        .push(" FOR UPDATE SKIP LOCKED");
-    let ids: Vec<i64> = qb
-        .build_query_scalar()
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(Error::db("claim"))?;
+    let (ids, states) = if limited.is_empty() {
+        let picked = pick(&mut *conn, req, &paused, None, req.limit).await?;
+        (picked.into_iter().map(|c| c.id).collect(), Vec::new())
+    } else {
+        limits::pick_limited(&mut *conn, req, &paused, &limited).await?
+    };
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -156,7 +129,77 @@ pub(super) async fn claim_on(
         .execute(&mut *conn)
         .await
         .map_err(Error::db("claim (log)"))?;
+    limits::record_starts(conn, &states, &claimed, ms(req.now)).await?;
     Ok(claimed)
+}
+
+/// Up to `n` claimable rows in claim order, locked (`FOR UPDATE SKIP LOCKED`): of `only` one
+/// group, or of any group but the `excluded` ones.
+pub(super) async fn pick(
+    conn: &mut MySqlConnection,
+    req: &ClaimRequest<'_>,
+    excluded: &[String],
+    only: Option<&str>,
+    n: i64,
+) -> Result<Vec<Candidate>> {
+    let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+        "SELECT id, priority, scheduled_at FROM dockhand_actions
+         WHERE status = 'pending' AND scheduled_at <= ",
+    );
+    qb.push_bind(ms(req.now));
+    if let Some(group) = only {
+        qb.push(" AND group_name = ").push_bind(group.to_owned());
+    } else if !excluded.is_empty() {
+        qb.push(" AND (group_name IS NULL OR group_name NOT IN (");
+        let mut sep = qb.separated(", ");
+        for g in excluded {
+            sep.push_bind(g.clone());
+        }
+        qb.push("))");
+    }
+    if let Some(hooks) = req.hooks {
+        qb.push(" AND hook IN (");
+        let mut sep = qb.separated(", ");
+        for h in hooks {
+            sep.push_bind(h.clone());
+        }
+        qb.push(")");
+    }
+    if let Some(routing) = req.routing.filter(|r| !r.hooks.is_empty()) {
+        qb.push(" AND (hook NOT IN (");
+        let mut sep = qb.separated(", ");
+        for h in routing.hooks {
+            sep.push_bind(h.clone());
+        }
+        qb.push(")");
+        if !routing.groups.is_empty() {
+            qb.push(" OR group_name IN (");
+            let mut sep = qb.separated(", ");
+            for g in routing.groups {
+                sep.push_bind(g.clone());
+            }
+            qb.push(")");
+        }
+        qb.push(")");
+    }
+    qb.push(" ORDER BY priority, scheduled_at, id LIMIT ")
+        .push_bind(n)
+        .push(" FOR UPDATE SKIP LOCKED");
+    let rows = qb
+        .build()
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(Error::db("claim"))?;
+    rows.iter()
+        .map(|r| {
+            let d = || Error::db("claim");
+            Ok(Candidate {
+                id: r.try_get("id").map_err(d())?,
+                priority: r.try_get("priority").map_err(d())?,
+                scheduled_at: r.try_get("scheduled_at").map_err(d())?,
+            })
+        })
+        .collect()
 }
 
 /// Appends `id, id, …` as bound parameters.

@@ -34,6 +34,7 @@ mod finish;
 mod gauges;
 mod jobs;
 pub mod ledger;
+mod limits;
 mod maintenance;
 mod query;
 mod recovery;
@@ -533,6 +534,24 @@ impl Store for MySqlStore {
 
     async fn paused_groups(&self) -> Result<Vec<crate::search::GroupPause>> {
         views::paused_groups(self).await
+    }
+
+    async fn set_group_limit(
+        &self,
+        group: &str,
+        limit: &crate::limits::GroupLimit,
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        limits::set_group_limit(self, group, limit, actor, now).await
+    }
+
+    async fn clear_group_limit(&self, group: &str) -> Result<bool> {
+        limits::clear_group_limit(self, group).await
+    }
+
+    async fn group_limits(&self, now: DateTime<Utc>) -> Result<Vec<crate::limits::GroupLimitInfo>> {
+        limits::group_limits(self, now).await
     }
 
     async fn search_jobs(

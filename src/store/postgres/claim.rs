@@ -5,7 +5,9 @@
 //! pending rows in (priority, scheduled_at, id) order with `FOR UPDATE SKIP LOCKED` (concurrent
 //! claimers take disjoint rows without waiting) through the ordered partial claim index, whatever
 //! the table's statistics say; `claimed` stamps the lease and counts the attempt, `logged` writes
-//! one `started` row per claimed action.
+//! one `started` row per claimed action. Limited groups (0016) are left out of the pick too; the
+//! statement also says whether any exist, and while some do claims take the limited path of
+//! [`super::limits`].
 //!
 //! Picked ids go through `id = ANY(ARRAY(…))`, never a join or `IN (subquery)`: sqlx prepares
 //! statements, and PostgreSQL's generic plan for `LIMIT $n` guesses hundreds of rows and
@@ -13,7 +15,7 @@
 //! `= ANY(ARRAY(…))` is always a primary-key index scan. The same holds for every statement in
 //! this backend that updates rows picked by a subquery.
 
-use super::{ts, PgStore};
+use super::{limits, ts, PgStore};
 use crate::error::{Error, Result};
 use crate::store::{ClaimRequest, ClaimedAction, Lease};
 use chrono::{DateTime, Utc};
@@ -31,7 +33,8 @@ const CLAIM: &str = "WITH claimed AS (
  logged AS (
      INSERT INTO dockhand_action_logs (action_id, at, event, detail)
      SELECT id, $1, 'started', $3 FROM claimed)
- SELECT id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms, lease_token
+ SELECT id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms, lease_token,
+        (SELECT EXISTS (SELECT 1 FROM dockhand_group_limits)) AS limited
  FROM claimed
  ORDER BY priority, scheduled_at, id";
 
@@ -39,7 +42,30 @@ pub(super) async fn claim(store: &PgStore, req: &ClaimRequest<'_>) -> Result<Vec
     if req.limit <= 0 {
         return Ok(Vec::new());
     }
-    let rows = sqlx::query(CLAIM)
+    if store.limits_seen() {
+        return limits::claim_limited(store, req).await;
+    }
+    let rows = claim_rows(store, req).await?;
+    match limited_flag(&rows)? {
+        Some(seen) => store.set_limits_seen(seen),
+        // Nothing claimed: perhaps because every due action is in a limited group.
+        None if limits::any(store).await? => return limits::claim_limited(store, req).await,
+        None => {}
+    }
+    rows.iter().map(decode_claimed).collect()
+}
+
+/// Whether group limits exist, as the claim statement's rows say (`None`: no rows). While
+/// they do, claims take the limited path ([`limits`]).
+pub(super) fn limited_flag(rows: &[PgRow]) -> Result<Option<bool>> {
+    rows.first()
+        .map(|r| r.try_get("limited").map_err(Error::db("claim")))
+        .transpose()
+}
+
+/// The claim statement (limited groups left out), its rows undecoded.
+pub(super) async fn claim_rows(store: &PgStore, req: &ClaimRequest<'_>) -> Result<Vec<PgRow>> {
+    sqlx::query(CLAIM)
         .bind(ts(req.now))
         .bind(req.limit)
         .bind(req.owner)
@@ -49,8 +75,7 @@ pub(super) async fn claim(store: &PgStore, req: &ClaimRequest<'_>) -> Result<Vec
         .bind(req.routing.map(|r| r.groups))
         .fetch_all(&store.pool)
         .await
-        .map_err(Error::db("claim"))?;
-    rows.iter().map(decode_claimed).collect()
+        .map_err(Error::db("claim"))
 }
 
 /// One claimed row (`id, hook, args, group_name, scheduled_at, attempt, max_attempts,

@@ -52,6 +52,7 @@ impl PgStore {
             channel,
             wake: Arc::new(Wakeup::new()),
             listening: AtomicBool::new(false),
+            limits_seen: AtomicBool::new(false),
             listener: Mutex::new(None),
         })
     }

@@ -28,6 +28,7 @@ mod finish;
 mod gauges;
 mod jobs;
 pub mod ledger;
+mod limits;
 mod listen;
 mod maintenance;
 mod query;
@@ -81,6 +82,10 @@ pub struct PgStore {
     channel: String,
     wake: Arc<Wakeup>,
     listening: AtomicBool,
+    /// Whether the last claim saw group limits: claims then take the limited path
+    /// ([`limits`]); the ordinary claim statement leaves limited groups out and says whether
+    /// any exist, so this is only ever late by one claim, and never unsafe.
+    limits_seen: AtomicBool,
     listener: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -565,6 +570,24 @@ impl Store for PgStore {
 
     async fn paused_groups(&self) -> Result<Vec<crate::search::GroupPause>> {
         views::paused_groups(self).await
+    }
+
+    async fn set_group_limit(
+        &self,
+        group: &str,
+        limit: &crate::limits::GroupLimit,
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        limits::set_group_limit(self, group, limit, actor, now).await
+    }
+
+    async fn clear_group_limit(&self, group: &str) -> Result<bool> {
+        limits::clear_group_limit(self, group).await
+    }
+
+    async fn group_limits(&self, now: DateTime<Utc>) -> Result<Vec<crate::limits::GroupLimitInfo>> {
+        limits::group_limits(self, now).await
     }
 
     async fn search_jobs(

@@ -3,7 +3,8 @@
 //! `started` log rows), so they cost one round trip and one WAL flush instead of two of each.
 //! The completed rows are `running` and the claim picks `pending` ones, so the two updates
 //! never touch the same row. A round with other outcomes than completions takes the two
-//! calls of the trait's default.
+//! calls of the trait's default, and so does every round while group limits exist (the
+//! limited claim of [`super::limits`] then runs after the finishes' commit).
 
 use super::claim::decode_claimed;
 use super::finish::log;
@@ -36,7 +37,7 @@ const ROUND: &str = "WITH done AS (
  claim_logged AS (
      INSERT INTO dockhand_action_logs (action_id, at, event, detail)
      SELECT id, $1, 'started', $3 FROM claimed)
- SELECT * FROM (
+ SELECT r.*, (SELECT EXISTS (SELECT 1 FROM dockhand_group_limits)) AS limited FROM (
      SELECT true AS done, id, NULL::text AS hook, NULL::jsonb AS args, NULL::text AS group_name,
             NULL::timestamptz AS scheduled_at, NULL::int4 AS attempt,
             NULL::int4 AS max_attempts, NULL::int8 AS timeout_ms, NULL::int8 AS lease_token,
@@ -55,7 +56,7 @@ pub(super) async fn finish_and_claim(
     now: DateTime<Utc>,
 ) -> Result<FinishAndClaim> {
     let all_complete = items.iter().all(|(_, o)| matches!(o, Finish::Complete));
-    if !all_complete || items.is_empty() || req.limit <= 0 {
+    if !all_complete || items.is_empty() || req.limit <= 0 || store.limits_seen() {
         let finished = store.finish_many(items, now).await?;
         let claimed = store.claim(req).await;
         return Ok(FinishAndClaim { finished, claimed });
@@ -91,6 +92,10 @@ pub(super) async fn finish_and_claim(
                 Err(e) => decode_error = Some(e),
             }
         }
+    }
+    match super::claim::limited_flag(&rows)? {
+        Some(seen) => store.set_limits_seen(seen),
+        None => store.set_limits_seen(super::limits::any(store).await?),
     }
     let finished = lost_completions(store, items, &done, now).await?;
     Ok(FinishAndClaim {

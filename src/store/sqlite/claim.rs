@@ -5,8 +5,10 @@
 //! atomic; SQLite's single writer serialises claimers). The hook filter and the routing
 //! ([`crate::store::Routing`]) are filters on that ordered scan. The `started` log rows are written by
 //! the `dockhand_actions_log_started` trigger (migration 0004) inside the same statement.
+//! Limited groups (migration 0016) are left out of this pick; the statement also says whether
+//! any exist, and while some do claims take the limited path of [`super::limits`].
 
-use super::{from_ms, ms, SqliteStore};
+use super::{from_ms, limits, ms, SqliteStore};
 use crate::error::{Error, Result};
 use crate::store::{ClaimRequest, ClaimedAction, Lease};
 use chrono::{DateTime, Utc};
@@ -28,11 +30,12 @@ macro_rules! claim_sql {
        AND (?6 IS NULL OR hook NOT IN (SELECT value FROM json_each(?6))
             OR group_name IN (SELECT value FROM json_each(?7)))
        AND (group_name IS NULL
-            OR group_name NOT IN (SELECT group_name FROM dockhand_group_pauses))
+            OR group_name NOT IN (SELECT group_name FROM dockhand_group_pauses
+                                  UNION ALL SELECT group_name FROM dockhand_group_limits))
      ORDER BY priority, scheduled_at, id
      LIMIT ?4)
  RETURNING id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms,
-           lease_token, priority"
+           lease_token, priority, EXISTS (SELECT 1 FROM dockhand_group_limits) AS limited"
     };
 }
 pub(super) use claim_sql;
@@ -46,6 +49,9 @@ pub(super) async fn claim(
     if req.limit <= 0 {
         return Ok(Vec::new());
     }
+    if store.limits_seen() {
+        return limits::claim_limited(store, req).await;
+    }
     let [hooks, routed_hooks, routed_groups] = filter_json(req)?;
     let rows = sqlx::query(CLAIM)
         .bind(req.owner)
@@ -58,7 +64,22 @@ pub(super) async fn claim(
         .fetch_all(&mut *store.write_conn("claim").await?)
         .await
         .map_err(Error::db("claim"))?;
+    match limited_flag(&rows)? {
+        Some(seen) => store.set_limits_seen(seen),
+        // Nothing claimed: perhaps because every due action is in a limited group.
+        None if limits::any(store).await? => return limits::claim_limited(store, req).await,
+        None => {}
+    }
     decode_claimed(rows)
+}
+
+/// Whether group limits exist, as the claim statement's rows say (`None`: no rows). While
+/// they do, claims take the limited path ([`limits`]).
+pub(super) fn limited_flag(claimed: &[SqliteRow]) -> Result<Option<bool>> {
+    claimed
+        .first()
+        .map(|r| r.try_get("limited").map_err(Error::db("claim")))
+        .transpose()
 }
 
 /// The claim's filters as the JSON arrays [`CLAIM`] binds (5, 6, 7): the hooks it is

@@ -49,6 +49,7 @@ impl SqliteStore {
                 reader: pool,
                 wake: Wakeup::new(),
                 enqueues: Default::default(),
+                limits_seen: Default::default(),
                 _checkpointer: None,
             });
         }
@@ -90,6 +91,7 @@ impl SqliteStore {
             reader,
             wake: Wakeup::new(),
             enqueues: Default::default(),
+            limits_seen: Default::default(),
             _checkpointer: checkpointer,
         })
     }

@@ -38,6 +38,7 @@ mod finish;
 mod gauges;
 mod jobs;
 pub mod ledger;
+mod limits;
 mod maintenance;
 mod query;
 mod recovery;
@@ -99,6 +100,10 @@ pub struct SqliteStore {
     wake: Wakeup,
     /// Single enqueues waiting to share a commit.
     enqueues: GroupCommit<(PreparedAction, DateTime<Utc>), Enqueued>,
+    /// Whether the last claim saw group limits: claims then take the limited path
+    /// ([`limits`]); the ordinary claim statement leaves limited groups out and says whether
+    /// any exist, so this is only ever late by one claim, and never unsafe.
+    limits_seen: std::sync::atomic::AtomicBool,
     /// The background WAL checkpointer (file databases).
     _checkpointer: Option<connect::Checkpointer>,
 }
@@ -619,6 +624,24 @@ impl Store for SqliteStore {
 
     async fn paused_groups(&self) -> Result<Vec<crate::search::GroupPause>> {
         views::paused_groups(self).await
+    }
+
+    async fn set_group_limit(
+        &self,
+        group: &str,
+        limit: &crate::limits::GroupLimit,
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        limits::set_group_limit(self, group, limit, actor, now).await
+    }
+
+    async fn clear_group_limit(&self, group: &str) -> Result<bool> {
+        limits::clear_group_limit(self, group).await
+    }
+
+    async fn group_limits(&self, now: DateTime<Utc>) -> Result<Vec<crate::limits::GroupLimitInfo>> {
+        limits::group_limits(self, now).await
     }
 
     async fn search_jobs(&self, search: &JobSearch) -> Result<JobPage> {

@@ -3,9 +3,10 @@
 //! One commit instead of two: a commit writes every page it touched to the WAL, and the
 //! completions and the claim touch the same index pages (docs/BENCHMARKS.md), so per-action
 //! cost falls with rows per commit. A round with other outcomes than completions takes the
-//! two calls of the trait's default.
+//! two calls of the trait's default, and so does every round while group limits exist (the
+//! limited claim of [`super::limits`] then runs after the finishes' commit).
 
-use super::claim::{claim_sql, decode_claimed, filter_json};
+use super::claim::{claim_sql, decode_claimed, filter_json, limited_flag};
 use super::finish::{complete_pairs, complete_set_sql, log_lost_completions};
 use super::{ms, SqliteStore};
 use crate::error::{Error, Result};
@@ -25,7 +26,11 @@ pub(super) async fn finish_and_claim(
     now: DateTime<Utc>,
 ) -> Result<FinishAndClaim> {
     let completes = complete_pairs(items);
-    if completes.len() != items.len() || completes.is_empty() || req.limit <= 0 {
+    if completes.len() != items.len()
+        || completes.is_empty()
+        || req.limit <= 0
+        || store.limits_seen()
+    {
         let finished = store.finish_many(items, now).await?;
         let claimed = store.claim(req).await;
         return Ok(FinishAndClaim { finished, claimed });
@@ -57,6 +62,11 @@ pub(super) async fn finish_and_claim(
     }
     let finished = log_lost_completions(&mut tx, items, &done, now).await?;
     tx.commit().await.map_err(Error::db("finish_and_claim"))?;
+    match limited_flag(&claimed_rows)? {
+        Some(seen) => store.set_limits_seen(seen),
+        // Nothing claimed: the runner's next claim takes the limited path if limits exist.
+        None => store.set_limits_seen(super::limits::any(store).await?),
+    }
     Ok(FinishAndClaim {
         finished,
         claimed: decode_claimed(claimed_rows),

@@ -2,15 +2,17 @@
 //! lag of its oldest due action, each row linking to the group's actions.
 //!
 //! Operators pause a group (claims skip its pending actions; running ones finish) and resume
-//! it (`POST /groups/pause`, `/groups/resume`, the group in the form).
+//! it (`POST /groups/pause`, `/groups/resume`, the group in the form). Group limits are shown
+//! and edited below the table ([`super::group_limits`]).
 //!
 //! Data: `Store::group_overview` (group names found by skipping through the group index, at
 //! most [`MAX_GROUPS`]; every count capped at `UiConfig::count_cap`), `Store::paused_groups`,
-//! `Store::set_group_paused`.
+//! `Store::set_group_paused`, `Store::group_limits`.
 
 use super::layout::{self, Nav, Notice, MAIN_ID};
 use super::MsgQuery;
 use crate::error::{Error, Result};
+use crate::limits::GroupLimitInfo;
 use crate::search::{GroupPause, GroupStat};
 use crate::store::Capped;
 use crate::ui::router::{audit, AppState, Ctx};
@@ -37,13 +39,15 @@ pub(crate) async fn page(
     ctx.respond(result)
 }
 
-async fn render(st: &AppState, ctx: &Ctx, notice: Option<Notice>) -> Result<Markup> {
+/// The page's main element.
+pub(crate) async fn render(st: &AppState, ctx: &Ctx, notice: Option<Notice>) -> Result<Markup> {
     let groups = st
         .store
         .group_overview(ctx.now, st.cfg.count_cap, MAX_GROUPS)
         .await?;
     let paused = st.store.paused_groups().await?;
-    Ok(body(ctx, &groups, &paused, notice))
+    let limits = st.store.group_limits(ctx.now).await?;
+    Ok(body(ctx, &groups, &paused, &limits, notice))
 }
 
 /// The form of the pause and resume buttons.
@@ -131,7 +135,13 @@ pub(crate) fn capped(c: Capped) -> String {
     }
 }
 
-fn body(ctx: &Ctx, groups: &[GroupStat], paused: &[GroupPause], notice: Option<Notice>) -> Markup {
+fn body(
+    ctx: &Ctx,
+    groups: &[GroupStat],
+    paused: &[GroupPause],
+    limits: &[GroupLimitInfo],
+    notice: Option<Notice>,
+) -> Markup {
     html! {
         h1 { "Groups" }
         (layout::notice(ctx, notice, None))
@@ -160,6 +170,7 @@ fn body(ctx: &Ctx, groups: &[GroupStat], paused: &[GroupPause], notice: Option<N
                 p.muted { "Only the first " (MAX_GROUPS) " groups by name are listed." }
             }
         }
+        (super::group_limits::section(ctx, limits))
     }
 }
 

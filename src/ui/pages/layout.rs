@@ -319,11 +319,15 @@ pub(crate) enum Notice {
     GroupPaused,
     /// A group resumed.
     GroupResumed,
+    /// A group's limits set.
+    GroupLimitSet,
+    /// A group's limits cleared.
+    GroupLimitCleared,
     /// A re-run of a batch's failed children started (this job).
     RerunStarted,
 }
 
-const NOTICES: [(Notice, &str, &str); 16] = [
+const NOTICES: [(Notice, &str, &str); 18] = [
     (
         Notice::Retried,
         "retried",
@@ -383,6 +387,16 @@ const NOTICES: [(Notice, &str, &str); 16] = [
         "Group paused: its pending actions wait; running ones finish.",
     ),
     (Notice::GroupResumed, "group-resumed", "Group resumed."),
+    (
+        Notice::GroupLimitSet,
+        "group-limited",
+        "Group limits set: claims on every runner keep to them from now on.",
+    ),
+    (
+        Notice::GroupLimitCleared,
+        "group-unlimited",
+        "Group limits cleared: its waiting actions can be claimed now.",
+    ),
     (
         Notice::RerunStarted,
         "rerun-started",

@@ -15,6 +15,7 @@ pub(crate) mod batches;
 pub(crate) mod bulk;
 pub(crate) mod chart;
 pub(crate) mod claims;
+pub(crate) mod group_limits;
 pub(crate) mod groups;
 pub(crate) mod jobs;
 pub(crate) mod layout;
