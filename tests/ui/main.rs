@@ -5,6 +5,7 @@
 mod bulk;
 mod claims;
 mod cli;
+mod group_limits;
 mod group_pause;
 mod hardening;
 mod host_check;
