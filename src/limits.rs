@@ -7,7 +7,7 @@
 //! and enforced inside the claim's transaction on every backend (the SQL is in
 //! `src/store/*/limits.rs`). This module holds what is not SQL: the types, their validation and
 //! text form (`10/s`, `100/5m`), and the arithmetic of a claim: how many actions of a group it
-//! may start ([`allowance`]) and the record of recent starts a rate limit keeps ([`StartLog`]).
+//! may start (`allowance`) and the record of recent starts a rate limit keeps (`StartLog`).
 //!
 //! What counts as running: every action of the group with status `running`, which includes
 //! the actions a runner has claimed ahead into its buffer (they hold a lease), and the actions
