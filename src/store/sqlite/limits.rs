@@ -263,7 +263,7 @@ pub(super) async fn set_group_limit(
 pub(super) async fn clear_group_limit(store: &SqliteStore, group: &str) -> Result<bool> {
     let done = sqlx::query("DELETE FROM dockhand_group_limits WHERE group_name = ?")
         .bind(group)
-        .execute(&store.writer)
+        .execute(&mut *store.write_conn("clear group limit").await?)
         .await
         .map_err(Error::db("clear group limit"))?;
     if done.rows_affected() > 0 {
