@@ -335,6 +335,10 @@ pub struct Action {
 }
 
 /// One entry of an action's log (Q11).
+///
+/// The `created` entry is not a stored log row: it is read from the action's `created_at`
+/// (from migration 0017 on, an enqueue writes the action row alone). Rows enqueued before
+/// that keep their stored `created` row, and no second one is added for them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ActionLog {
     /// The action it belongs to.

@@ -60,7 +60,6 @@ pub(super) async fn enqueue_one(
 ) -> Result<Enqueued> {
     let Some(key) = &a.unique_key else {
         let id = insert_one(conn, a, now).await?;
-        log_created(conn, &[id], now).await?;
         return Ok(Enqueued { id, inserted: true });
     };
     for _ in 0..UNIQUE_ATTEMPTS {
@@ -78,10 +77,7 @@ pub(super) async fn enqueue_one(
             });
         }
         match insert_one(conn, a, now).await {
-            Ok(id) => {
-                log_created(conn, &[id], now).await?;
-                return Ok(Enqueued { id, inserted: true });
-            }
+            Ok(id) => return Ok(Enqueued { id, inserted: true }),
             // Another enqueuer committed the key first (only this statement was rolled back):
             // look for it again.
             Err(e) if is_duplicate(&e) => continue,
@@ -135,26 +131,6 @@ fn is_duplicate(e: &Error) -> bool {
         .is_some_and(|m| m.number() == ER_DUP_ENTRY)
 }
 
-/// One `created` log row per id (multi-row, chunked).
-pub(super) async fn log_created(
-    conn: &mut MySqlConnection,
-    ids: &[i64],
-    now: DateTime<Utc>,
-) -> Result<()> {
-    for chunk in ids.chunks(10_000) {
-        let mut qb: QueryBuilder<MySql> =
-            QueryBuilder::new("INSERT INTO dockhand_action_logs (action_id, at, event) ");
-        qb.push_values(chunk, |mut b, id| {
-            b.push_bind(*id).push_bind(ms(now)).push("'created'");
-        });
-        qb.build()
-            .execute(&mut *conn)
-            .await
-            .map_err(Error::db("enqueue (log)"))?;
-    }
-    Ok(())
-}
-
 pub(super) async fn enqueue_bulk(
     store: &MySqlStore,
     actions: &[PreparedAction],
@@ -186,7 +162,6 @@ async fn bulk_on(
     }
     for chunk in chunks(&plain, actions) {
         let ids = insert_chunk(conn, chunk, actions, now).await?;
-        log_created(conn, &ids, now).await?;
         for (&i, id) in chunk.iter().zip(ids) {
             results[i] = Some(Enqueued { id, inserted: true });
         }

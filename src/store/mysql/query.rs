@@ -133,9 +133,20 @@ pub(super) async fn get(store: &MySqlStore, id: i64) -> Result<Option<Action>> {
 
 pub(super) async fn logs(store: &MySqlStore, id: i64) -> Result<Vec<ActionLog>> {
     let rows = sqlx::query(
-        "SELECT action_id, at, event, detail FROM dockhand_action_logs
-         WHERE action_id = ? ORDER BY id",
+        "SELECT action_id, at, event, detail FROM (
+             SELECT -1 AS k, id AS action_id, created_at AS at, 'created' AS event,
+                    NULL AS detail
+             FROM dockhand_actions
+             WHERE id = ?
+               AND NOT ((SELECT event FROM dockhand_action_logs
+                         WHERE action_id = ? ORDER BY id LIMIT 1) <=> 'created')
+             UNION ALL
+             SELECT id, action_id, at, event, detail FROM dockhand_action_logs
+             WHERE action_id = ?
+         ) AS merged ORDER BY k",
     )
+    .bind(id)
+    .bind(id)
     .bind(id)
     .fetch_all(store.pool())
     .await

@@ -226,11 +226,25 @@ pub(super) async fn throughput(
 pub(super) async fn logs_tail(store: &MySqlStore, id: i64, limit: i64) -> Result<Vec<ActionLog>> {
     let rows = sqlx::query(
         "SELECT action_id, at, event, detail FROM (
-             SELECT id, action_id, at, event, detail FROM dockhand_action_logs
-             WHERE action_id = ? ORDER BY id DESC LIMIT ?
-         ) AS tail ORDER BY id",
+             SELECT k, action_id, at, event, detail FROM (
+                 SELECT -1 AS k, id AS action_id, created_at AS at, 'created' AS event,
+                        NULL AS detail
+                 FROM dockhand_actions
+                 WHERE id = ?
+                   AND NOT ((SELECT event FROM dockhand_action_logs
+                             WHERE action_id = ? ORDER BY id LIMIT 1) <=> 'created')
+                 UNION ALL
+                 SELECT k, action_id, at, event, detail FROM (
+                     SELECT id AS k, action_id, at, event, detail FROM dockhand_action_logs
+                     WHERE action_id = ? ORDER BY id DESC LIMIT ?
+                 ) AS recent
+             ) AS merged ORDER BY k DESC LIMIT ?
+         ) AS tail ORDER BY k",
     )
     .bind(id)
+    .bind(id)
+    .bind(id)
+    .bind(limit.max(0))
     .bind(limit.max(0))
     .fetch_all(store.pool())
     .await

@@ -33,9 +33,9 @@ const INSERT_BULK: &str = "INSERT INTO dockhand_actions
       AS t(hook, args, group_name, priority, scheduled_at, max_attempts, timeout_ms, schedule_id)
  RETURNING id";
 
-/// [`INSERT_ONE`] with its `created` log row and, when due, the `pg_notify`, in one
-/// statement (`$11` is the channel).
-const INSERT_ONE_LOGGED: &str = "WITH ins AS (
+/// [`INSERT_ONE`] and, when due, the `pg_notify`, in one statement (`$11` is the channel).
+/// The `created` log entry is the row's `created_at` (see [`crate::action::ActionLog`]).
+const INSERT_ONE_NOTIFY: &str = "WITH ins AS (
      INSERT INTO dockhand_actions
          (hook, args, group_name, priority, status, scheduled_at, max_attempts, timeout_ms,
           unique_key, created_at, schedule_id)
@@ -43,9 +43,6 @@ const INSERT_ONE_LOGGED: &str = "WITH ins AS (
      ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
      DO NOTHING
      RETURNING id, scheduled_at),
- logged AS (
-     INSERT INTO dockhand_action_logs (action_id, at, event)
-     SELECT id, $9, 'created' FROM ins),
  woke AS (
      SELECT pg_notify($11, '') FROM ins WHERE scheduled_at <= $9)
  SELECT id FROM ins WHERE (SELECT count(*) FROM woke) >= 0";
@@ -60,7 +57,7 @@ pub(super) async fn enqueue(
 ) -> Result<Enqueued> {
     let mut conn = store.pool.acquire().await.map_err(Error::db("enqueue"))?;
     for _ in 0..UNIQUE_ATTEMPTS {
-        let inserted: Option<i64> = sqlx::query_scalar(INSERT_ONE_LOGGED)
+        let inserted: Option<i64> = sqlx::query_scalar(INSERT_ONE_NOTIFY)
             .bind(&a.hook)
             .bind(&a.args_json)
             .bind(&a.group)
@@ -130,7 +127,6 @@ pub(super) async fn enqueue_one(
             .await
             .map_err(Error::db("enqueue"))?;
         if let Some(id) = inserted {
-            log_created(conn, &[id], now).await?;
             if a.scheduled_at <= now {
                 listen::notify(conn, channel).await?;
             }
@@ -148,19 +144,6 @@ pub(super) async fn enqueue_one(
         op: "enqueue (find duplicate)",
         source: sqlx::Error::RowNotFound,
     })
-}
-
-async fn log_created(conn: &mut PgConnection, ids: &[i64], now: DateTime<Utc>) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO dockhand_action_logs (action_id, at, event)
-         SELECT unnest($1::bigint[]), $2, 'created'",
-    )
-    .bind(ids)
-    .bind(ts(now))
-    .execute(&mut *conn)
-    .await
-    .map_err(Error::db("enqueue (log)"))?;
-    Ok(())
 }
 
 pub(super) async fn enqueue_bulk(
@@ -211,7 +194,6 @@ pub(super) async fn enqueue_bulk(
                 chunk.len()
             )));
         }
-        log_created(&mut tx, &ids, now).await?;
         for (&i, id) in chunk.iter().zip(ids) {
             results[i] = Some(Enqueued { id, inserted: true });
         }

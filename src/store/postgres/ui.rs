@@ -243,9 +243,20 @@ pub(super) async fn throughput(
 pub(super) async fn logs_tail(store: &PgStore, id: i64, limit: i64) -> Result<Vec<ActionLog>> {
     let rows = sqlx::query(
         "SELECT action_id, at, event, detail FROM (
-             SELECT id, action_id, at, event, detail FROM dockhand_action_logs
-             WHERE action_id = $1 ORDER BY id DESC LIMIT $2
-         ) AS tail ORDER BY id",
+             SELECT k, action_id, at, event, detail FROM (
+                 SELECT -1::bigint AS k, id AS action_id, created_at AS at,
+                        'created'::text AS event, NULL::text AS detail
+                 FROM dockhand_actions
+                 WHERE id = $1
+                   AND (SELECT event FROM dockhand_action_logs
+                        WHERE action_id = $1 ORDER BY id LIMIT 1) IS DISTINCT FROM 'created'
+                 UNION ALL
+                 SELECT k, action_id, at, event, detail FROM (
+                     SELECT id AS k, action_id, at, event, detail FROM dockhand_action_logs
+                     WHERE action_id = $1 ORDER BY id DESC LIMIT $2
+                 ) AS recent
+             ) AS merged ORDER BY k DESC LIMIT $2
+         ) AS tail ORDER BY k",
     )
     .bind(id)
     .bind(limit.max(0))

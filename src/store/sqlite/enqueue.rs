@@ -1,5 +1,6 @@
-//! SQLite: inserting actions (single, unique, bulk, inside a caller's transaction). The
-//! `created` log row is written by the `dockhand_actions_log_created` trigger (migration 0004).
+//! SQLite: inserting actions (single, unique, bulk, inside a caller's transaction). An
+//! action's `created` log entry is its row's `created_at` (no log row is written; see
+//! [`crate::action::ActionLog`]).
 //! Single enqueues from concurrent callers are group-committed.
 
 use super::writer::Writer;
@@ -27,8 +28,7 @@ const INSERT_ONE: &str = "INSERT INTO dockhand_actions
 const DUPLICATE_RACE_TRIES: usize = 8;
 
 /// One enqueue, group-committed with concurrent callers' (see [`crate::store::group_commit`]):
-/// alone, the insert is one autocommit statement (its `created` log row written by the 0004
-/// trigger, no BEGIN/COMMIT round trips); with others queued meanwhile, all of them are one
+/// alone, the insert is one autocommit statement (no BEGIN/COMMIT round trips); with others queued meanwhile, all of them are one
 /// write transaction. Returns once the transaction carrying it has committed.
 pub(super) async fn enqueue(
     store: &SqliteStore,

@@ -151,8 +151,17 @@ pub(super) async fn get(store: &SqliteStore, id: i64) -> Result<Option<Action>> 
 
 pub(super) async fn logs(store: &SqliteStore, id: i64) -> Result<Vec<ActionLog>> {
     let rows = sqlx::query(
-        "SELECT action_id, at, event, detail FROM dockhand_action_logs
-         WHERE action_id = ? ORDER BY id",
+        "SELECT action_id, at, event, detail FROM (
+             SELECT -1 AS k, id AS action_id, created_at AS at, 'created' AS event,
+                    NULL AS detail
+             FROM dockhand_actions
+             WHERE id = ?1
+               AND (SELECT event FROM dockhand_action_logs
+                    WHERE action_id = ?1 ORDER BY id LIMIT 1) IS NOT 'created'
+             UNION ALL
+             SELECT id, action_id, at, event, detail FROM dockhand_action_logs
+             WHERE action_id = ?1
+         ) AS merged ORDER BY k",
     )
     .bind(id)
     .fetch_all(&store.reader)

@@ -386,3 +386,67 @@ pub async fn store_read_only_writes_are_permanent_errors(db: TestDb) {
         .expect("writable store");
     ro.close().await;
 }
+
+/// Migration 0017: an action's `created` entry comes from its row (single, unique and bulk
+/// enqueues write no log row), exactly once, at `created_at`, also in a log tail; an action
+/// enqueued before 0017 (a stored `created` row) shows that row and no second one.
+pub async fn store_created_entry_comes_from_the_row(db: TestDb) {
+    let q = db.queue();
+    let single = q.enqueue(ActionSpec::new("h", json!(1))).await.unwrap();
+    let keyed = q
+        .enqueue(ActionSpec::new("h", json!(2)).unique_key("k"))
+        .await
+        .unwrap();
+    let bulk = q
+        .enqueue_bulk(vec![
+            ActionSpec::new("h", json!(3)),
+            ActionSpec::new("h", json!(4)),
+        ])
+        .await
+        .unwrap();
+    let stored = db
+        .count_all(&["SELECT COUNT(*) FROM dockhand_action_logs"])
+        .await;
+    assert_eq!(stored, vec![0], "enqueues write no log rows");
+    for id in [single, keyed, bulk[0], bulk[1]] {
+        let action = q.get(id).await.unwrap();
+        let logs = q.logs(id).await.unwrap();
+        assert_eq!(logs.len(), 1, "action {id}: {logs:?}");
+        assert_eq!(logs[0].event, "created");
+        assert_eq!(logs[0].action_id, id);
+        assert_eq!(logs[0].at, action.created_at);
+        assert_eq!(logs[0].detail, None);
+        assert_eq!(db.store.logs_tail(id, 5).await.unwrap(), logs);
+    }
+    // Later entries follow it; a tail shorter than the log leaves it out.
+    db.store.cancel(single, db.clock.now()).await.unwrap();
+    db.store.retry(single, db.clock.now()).await.unwrap();
+    let events = |logs: Vec<dockhand::action::ActionLog>| -> Vec<String> {
+        logs.into_iter().map(|l| l.event).collect()
+    };
+    assert_eq!(
+        events(q.logs(single).await.unwrap()),
+        ["created", "canceled", "requeued"]
+    );
+    assert_eq!(
+        events(db.store.logs_tail(single, 2).await.unwrap()),
+        ["canceled", "requeued"]
+    );
+    assert_eq!(
+        events(db.store.logs_tail(single, 3).await.unwrap()),
+        ["created", "canceled", "requeued"]
+    );
+    // A row from before 0017 (its `created` stored) is not doubled.
+    db.exec_sql(&format!(
+        "INSERT INTO dockhand_action_logs (action_id, at, event)
+         SELECT id, created_at, 'created' FROM dockhand_actions WHERE id = {keyed}"
+    ))
+    .await;
+    assert_eq!(events(q.logs(keyed).await.unwrap()), ["created"]);
+    assert_eq!(
+        events(db.store.logs_tail(keyed, 5).await.unwrap()),
+        ["created"]
+    );
+    assert!(q.logs(999_999).await.unwrap().is_empty());
+    assert!(db.store.logs_tail(999_999, 5).await.unwrap().is_empty());
+}
