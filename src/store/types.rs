@@ -172,6 +172,15 @@ impl Finish {
         )
     }
 
+    /// (event, detail) of the log row this finish writes; `None` for a completion, whose
+    /// `completed` entry is read from the row's `finished_at` (migration 0017).
+    pub(crate) fn stored_log_entry(&self) -> Option<(&'static str, Option<String>)> {
+        match self {
+            Finish::Complete => None,
+            other => Some(other.log_entry()),
+        }
+    }
+
     /// (event, detail) for the action log.
     pub(crate) fn log_entry(&self) -> (&'static str, Option<String>) {
         match self {

@@ -45,6 +45,7 @@ conformance!(
     store_stats_counts_and_lag,
     store_logs_record_the_lifecycle,
     store_created_entry_comes_from_the_row,
+    store_completed_entry_comes_from_the_row,
     store_finish_many_guards_each_row,
     store_read_only_writes_are_permanent_errors,
     // Item claims (S-C1 … S-C11)

@@ -66,8 +66,9 @@ async fn finish_on(
 ) -> Result<FinishResult> {
     let done = update_one(tx, lease, outcome, now).await?;
     let result = if done == 1 {
-        let (event, detail) = outcome.log_entry();
-        log(tx, lease.id, now, event, detail).await?;
+        if let Some((event, detail)) = outcome.stored_log_entry() {
+            log(tx, lease.id, now, event, detail).await?;
+        }
         if matches!(outcome, Finish::Fail { .. }) {
             enqueue_followups(tx, &[lease.id], now).await?;
         }
@@ -248,8 +249,9 @@ pub(super) async fn finish_chunk(
                     }
                 }
             }
-            let (event, detail) = outcome.log_entry();
-            logs.push((lease.id, event, detail));
+            if let Some((event, detail)) = outcome.stored_log_entry() {
+                logs.push((lease.id, event, detail));
+            }
             results.push(FinishResult::Applied);
         } else {
             if held.contains_key(&lease.id) {

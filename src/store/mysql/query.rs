@@ -131,26 +131,41 @@ pub(super) async fn get(store: &MySqlStore, id: i64) -> Result<Option<Action>> {
     row.as_ref().map(action_from_row).transpose()
 }
 
+/// An action's log entries that are read from its row, not stored (migration 0017): `created`
+/// at `created_at` (first), and for a completed action `completed` at `finished_at`, placed
+/// before the first stored entry written after it. Each is left out where an action from
+/// before 0017 has it stored. Columns `k` (sort key: stored rows sort by id), `action_id`,
+/// `at`, `event`, `detail`; binds the action id [`LOG_FROM_ROW_BINDS`] times.
+pub(super) const LOG_FROM_ROW: &str = "
+    SELECT -1.0E0 AS k, id AS action_id, created_at AS at, 'created' AS event, NULL AS detail
+    FROM dockhand_actions
+    WHERE id = ?
+      AND NOT ((SELECT event FROM dockhand_action_logs
+                WHERE action_id = ? ORDER BY id LIMIT 1) <=> 'created')
+    UNION ALL
+    SELECT COALESCE((SELECT MIN(l.id) FROM dockhand_action_logs l
+                     WHERE l.action_id = ? AND l.at > a.finished_at), 9.0E18) - 0.5E0,
+           a.id, a.finished_at, 'completed', NULL
+    FROM dockhand_actions a
+    WHERE a.id = ? AND a.status = 'complete'
+      AND NOT EXISTS (SELECT 1 FROM dockhand_action_logs l
+                      WHERE l.action_id = ? AND l.event = 'completed')";
+/// How many times [`LOG_FROM_ROW`] binds the action id.
+pub(super) const LOG_FROM_ROW_BINDS: usize = 5;
+
 pub(super) async fn logs(store: &MySqlStore, id: i64) -> Result<Vec<ActionLog>> {
-    let rows = sqlx::query(
-        "SELECT action_id, at, event, detail FROM (
-             SELECT -1 AS k, id AS action_id, created_at AS at, 'created' AS event,
-                    NULL AS detail
-             FROM dockhand_actions
-             WHERE id = ?
-               AND NOT ((SELECT event FROM dockhand_action_logs
-                         WHERE action_id = ? ORDER BY id LIMIT 1) <=> 'created')
+    let sql = format!(
+        "SELECT action_id, at, event, detail FROM ({LOG_FROM_ROW}
              UNION ALL
              SELECT id, action_id, at, event, detail FROM dockhand_action_logs
              WHERE action_id = ?
-         ) AS merged ORDER BY k",
-    )
-    .bind(id)
-    .bind(id)
-    .bind(id)
-    .fetch_all(store.pool())
-    .await
-    .map_err(Error::db("logs"))?;
+         ) AS merged ORDER BY k"
+    );
+    let mut q = sqlx::query(&sql);
+    for _ in 0..=LOG_FROM_ROW_BINDS {
+        q = q.bind(id);
+    }
+    let rows = q.fetch_all(store.pool()).await.map_err(Error::db("logs"))?;
     rows.iter()
         .map(|r| {
             Ok(ActionLog {

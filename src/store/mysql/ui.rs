@@ -6,6 +6,7 @@
 
 use super::args_match::push_args_contains;
 use super::claim::push_ids;
+use super::query::{LOG_FROM_ROW, LOG_FROM_ROW_BINDS};
 use super::{from_ms, ms, opt_text, retry_deadlocks, text, MySqlStore};
 use crate::action::ActionLog;
 use crate::error::{Error, Result};
@@ -224,31 +225,27 @@ pub(super) async fn throughput(
 }
 
 pub(super) async fn logs_tail(store: &MySqlStore, id: i64, limit: i64) -> Result<Vec<ActionLog>> {
-    let rows = sqlx::query(
+    let sql = format!(
         "SELECT action_id, at, event, detail FROM (
-             SELECT k, action_id, at, event, detail FROM (
-                 SELECT -1 AS k, id AS action_id, created_at AS at, 'created' AS event,
-                        NULL AS detail
-                 FROM dockhand_actions
-                 WHERE id = ?
-                   AND NOT ((SELECT event FROM dockhand_action_logs
-                             WHERE action_id = ? ORDER BY id LIMIT 1) <=> 'created')
+             SELECT k, action_id, at, event, detail FROM ({LOG_FROM_ROW}
                  UNION ALL
                  SELECT k, action_id, at, event, detail FROM (
                      SELECT id AS k, action_id, at, event, detail FROM dockhand_action_logs
                      WHERE action_id = ? ORDER BY id DESC LIMIT ?
                  ) AS recent
              ) AS merged ORDER BY k DESC LIMIT ?
-         ) AS tail ORDER BY k",
-    )
-    .bind(id)
-    .bind(id)
-    .bind(id)
-    .bind(limit.max(0))
-    .bind(limit.max(0))
-    .fetch_all(store.pool())
-    .await
-    .map_err(Error::db("logs tail"))?;
+         ) AS tail ORDER BY k"
+    );
+    let mut q = sqlx::query(&sql);
+    for _ in 0..=LOG_FROM_ROW_BINDS {
+        q = q.bind(id);
+    }
+    let rows = q
+        .bind(limit.max(0))
+        .bind(limit.max(0))
+        .fetch_all(store.pool())
+        .await
+        .map_err(Error::db("logs tail"))?;
     rows.iter()
         .map(|r| {
             let d = || Error::db("decode log");

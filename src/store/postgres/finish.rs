@@ -106,10 +106,7 @@ async fn complete_set(
              FROM UNNEST($1::bigint[], $2::bigint[]) AS l(id, token)
              WHERE a.id = ANY($1::bigint[]) AND a.id = l.id AND a.lease_token = l.token
                AND a.status = 'running'
-             RETURNING a.id),
-         logged AS (
-             INSERT INTO dockhand_action_logs (action_id, at, event)
-             SELECT id, $3, 'completed' FROM done)
+             RETURNING a.id)
          SELECT id FROM done",
     )
     .bind(ids)
@@ -162,8 +159,9 @@ async fn finish_on(
     };
     let done = q.execute(&mut *tx).await.map_err(Error::db("finish"))?;
     let result = if done.rows_affected() == 1 {
-        let (event, detail) = outcome.log_entry();
-        log(tx, lease.id, now, event, detail).await?;
+        if let Some((event, detail)) = outcome.stored_log_entry() {
+            log(tx, lease.id, now, event, detail).await?;
+        }
         if matches!(outcome, Finish::Release) {
             listen::notify(tx, Some(channel)).await?;
         }

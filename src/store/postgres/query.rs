@@ -124,24 +124,40 @@ pub(super) async fn get(store: &PgStore, id: i64) -> Result<Option<Action>> {
     row.as_ref().map(action_from_row).transpose()
 }
 
+/// An action's log entries that are read from its row, not stored (migration 0017): `created`
+/// at `created_at` (first), and for a completed action `completed` at `finished_at`, placed
+/// before the first stored entry written after it. Each is left out where an action from
+/// before 0017 has it stored. Columns `k` (sort key: stored rows sort by id), `action_id`,
+/// `at`, `event`, `detail`; `$1` is the action id.
+pub(super) const LOG_FROM_ROW: &str = "
+    SELECT -1::float8 AS k, id AS action_id, created_at AS at, 'created'::text AS event,
+           NULL::text AS detail
+    FROM dockhand_actions
+    WHERE id = $1
+      AND (SELECT event FROM dockhand_action_logs
+           WHERE action_id = $1 ORDER BY id LIMIT 1) IS DISTINCT FROM 'created'
+    UNION ALL
+    SELECT COALESCE((SELECT MIN(l.id)::float8 FROM dockhand_action_logs l
+                     WHERE l.action_id = $1 AND l.at > a.finished_at), 9.0e18::float8) - 0.5,
+           a.id, a.finished_at, 'completed', NULL::text
+    FROM dockhand_actions a
+    WHERE a.id = $1 AND a.status = 'complete'
+      AND NOT EXISTS (SELECT 1 FROM dockhand_action_logs l
+                      WHERE l.action_id = $1 AND l.event = 'completed')";
+
 pub(super) async fn logs(store: &PgStore, id: i64) -> Result<Vec<ActionLog>> {
-    let rows = sqlx::query(
-        "SELECT action_id, at, event, detail FROM (
-             SELECT -1::bigint AS k, id AS action_id, created_at AS at, 'created'::text AS event,
-                    NULL::text AS detail
-             FROM dockhand_actions
-             WHERE id = $1
-               AND (SELECT event FROM dockhand_action_logs
-                    WHERE action_id = $1 ORDER BY id LIMIT 1) IS DISTINCT FROM 'created'
+    let sql = format!(
+        "SELECT action_id, at, event, detail FROM ({LOG_FROM_ROW}
              UNION ALL
-             SELECT id, action_id, at, event, detail FROM dockhand_action_logs
+             SELECT id::float8, action_id, at, event, detail FROM dockhand_action_logs
              WHERE action_id = $1
-         ) AS merged ORDER BY k",
-    )
-    .bind(id)
-    .fetch_all(&store.pool)
-    .await
-    .map_err(Error::db("logs"))?;
+         ) AS merged ORDER BY k"
+    );
+    let rows = sqlx::query(&sql)
+        .bind(id)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(Error::db("logs"))?;
     rows.iter()
         .map(|r| {
             Ok(ActionLog {

@@ -25,9 +25,6 @@ const ROUND: &str = "WITH done AS (
      WHERE a.id = ANY($8::bigint[]) AND a.id = l.id AND a.lease_token = l.token
        AND a.status = 'running'
      RETURNING a.id),
- done_logged AS (
-     INSERT INTO dockhand_action_logs (action_id, at, event)
-     SELECT id, $1, 'completed' FROM done),
  claimed AS (
      UPDATE dockhand_actions a
      SET status = 'running', lease_owner = $3, lease_token = a.lease_token + 1,

@@ -4,6 +4,7 @@
 //! milliseconds and bound back as `timestamptz` (stored times are whole milliseconds, see
 //! [`ts`], so a key compares exactly); args containment is `jsonb @>`.
 
+use super::query::LOG_FROM_ROW;
 use super::{listen, ts, PgStore};
 use crate::action::ActionLog;
 use crate::error::{Error, Result};
@@ -241,28 +242,24 @@ pub(super) async fn throughput(
 }
 
 pub(super) async fn logs_tail(store: &PgStore, id: i64, limit: i64) -> Result<Vec<ActionLog>> {
-    let rows = sqlx::query(
+    let sql = format!(
         "SELECT action_id, at, event, detail FROM (
-             SELECT k, action_id, at, event, detail FROM (
-                 SELECT -1::bigint AS k, id AS action_id, created_at AS at,
-                        'created'::text AS event, NULL::text AS detail
-                 FROM dockhand_actions
-                 WHERE id = $1
-                   AND (SELECT event FROM dockhand_action_logs
-                        WHERE action_id = $1 ORDER BY id LIMIT 1) IS DISTINCT FROM 'created'
+             SELECT k, action_id, at, event, detail FROM ({LOG_FROM_ROW}
                  UNION ALL
                  SELECT k, action_id, at, event, detail FROM (
-                     SELECT id AS k, action_id, at, event, detail FROM dockhand_action_logs
+                     SELECT id::float8 AS k, action_id, at, event, detail
+                     FROM dockhand_action_logs
                      WHERE action_id = $1 ORDER BY id DESC LIMIT $2
                  ) AS recent
              ) AS merged ORDER BY k DESC LIMIT $2
-         ) AS tail ORDER BY k",
-    )
-    .bind(id)
-    .bind(limit.max(0))
-    .fetch_all(&store.pool)
-    .await
-    .map_err(Error::db("logs tail"))?;
+         ) AS tail ORDER BY k"
+    );
+    let rows = sqlx::query(&sql)
+        .bind(id)
+        .bind(limit.max(0))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(Error::db("logs tail"))?;
     rows.iter()
         .map(|r| {
             let d = || Error::db("decode log");

@@ -3,8 +3,8 @@
 //! Every finishing UPDATE is guarded by id + fencing token + status `running`; zero rows is
 //! [`FinishResult::LeaseLost`] and only a `lease_lost` log row is written. A step action that
 //! ends failed enqueues its job's finish action in the same transaction (`jobs::finish`). A
-//! completion's `completed` log row is written by the `dockhand_actions_log_completed` trigger
-//! (0014).
+//! completion writes no log row: its `completed` entry is read from the row's `finished_at`
+//! (migration 0017).
 
 use super::enqueue::enqueue_one;
 use super::{ms, SqliteStore};
@@ -54,7 +54,7 @@ pub(super) async fn finish(
 
 /// The set-based completion (binds: `$now` the finish time, `$pairs` a JSON array of
 /// `[id, token]`), each row guarded by id + token + status; returns the ids it completed as
-/// `done_id`. Their `completed` log rows come from the 0014 trigger, in the same statement.
+/// `done_id`. Their `completed` log entries are read from the rows (migration 0017).
 macro_rules! complete_set_sql {
     ($now:literal, $pairs:literal) => {
         concat!(
@@ -163,8 +163,8 @@ pub(super) async fn log_lost_completions(
     Ok(results)
 }
 
-/// Completes every `[id, token]` pair still running under that token (the 0014 trigger logs
-/// `completed` for each) and returns the ids that were.
+/// Completes every `[id, token]` pair still running under that token and returns the ids
+/// that were.
 async fn complete_set(
     conn: &mut SqliteConnection,
     pairs: &[[i64; 2]],
@@ -223,9 +223,8 @@ async fn finish_on(
         .await
         .map_err(Error::db("finish"))?;
     let result = if done.rows_affected() == 1 {
-        // A completion's `completed` row comes from the 0014 trigger.
-        if !matches!(outcome, Finish::Complete) {
-            let (event, detail) = outcome.log_entry();
+        // A completion's `completed` entry is read from the row (migration 0017).
+        if let Some((event, detail)) = outcome.stored_log_entry() {
             log(tx, lease.id, now, event, detail).await?;
         }
         FinishResult::Applied

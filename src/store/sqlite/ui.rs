@@ -3,6 +3,7 @@
 //! Each sort walks its own index (migration 0005); no query uses OFFSET.
 
 use super::args_match::push_args_contains;
+use super::query::LOG_FROM_ROW;
 use super::{from_ms, ms, SqliteStore};
 use crate::action::ActionLog;
 use crate::error::{Error, Result};
@@ -232,28 +233,23 @@ pub(super) async fn throughput(
 }
 
 pub(super) async fn logs_tail(store: &SqliteStore, id: i64, limit: i64) -> Result<Vec<ActionLog>> {
-    let rows = sqlx::query(
+    let sql = format!(
         "SELECT action_id, at, event, detail FROM (
-             SELECT k, action_id, at, event, detail FROM (
-                 SELECT -1 AS k, id AS action_id, created_at AS at, 'created' AS event,
-                        NULL AS detail
-                 FROM dockhand_actions
-                 WHERE id = ?1
-                   AND (SELECT event FROM dockhand_action_logs
-                        WHERE action_id = ?1 ORDER BY id LIMIT 1) IS NOT 'created'
+             SELECT k, action_id, at, event, detail FROM ({LOG_FROM_ROW}
                  UNION ALL
                  SELECT k, action_id, at, event, detail FROM (
                      SELECT id AS k, action_id, at, event, detail FROM dockhand_action_logs
                      WHERE action_id = ?1 ORDER BY id DESC LIMIT ?2
                  ) AS recent
              ) AS merged ORDER BY k DESC LIMIT ?2
-         ) AS tail ORDER BY k",
-    )
-    .bind(id)
-    .bind(limit.max(0))
-    .fetch_all(&store.reader)
-    .await
-    .map_err(Error::db("logs tail"))?;
+         ) AS tail ORDER BY k"
+    );
+    let rows = sqlx::query(&sql)
+        .bind(id)
+        .bind(limit.max(0))
+        .fetch_all(&store.reader)
+        .await
+        .map_err(Error::db("logs tail"))?;
     rows.iter()
         .map(|r| {
             Ok(ActionLog {

@@ -450,3 +450,101 @@ pub async fn store_created_entry_comes_from_the_row(db: TestDb) {
     assert!(q.logs(999_999).await.unwrap().is_empty());
     assert!(db.store.logs_tail(999_999, 5).await.unwrap().is_empty());
 }
+
+/// Migration 0017: a completion writes no log row; the `completed` entry is read from the
+/// row (at `finished_at`), once, whichever path completed it (one finish, a batch, a runner's
+/// round), and sits before entries written after it (a stale owner's refused finish); a
+/// completion from before 0017 (stored) is not doubled.
+pub async fn store_completed_entry_comes_from_the_row(db: TestDb) {
+    let q = db.queue();
+    let ids = q
+        .enqueue_bulk((0..4).map(|i| ActionSpec::new("h", json!(i))).collect())
+        .await
+        .unwrap();
+    let events = |logs: Vec<dockhand::action::ActionLog>| -> Vec<String> {
+        logs.into_iter().map(|l| l.event).collect()
+    };
+    // One finish.
+    let c = claim(&db, "w", 1, Duration::seconds(30)).await;
+    let one = c[0].lease();
+    db.clock.advance(Duration::seconds(1));
+    let r = db
+        .store
+        .finish(one, &Finish::Complete, db.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(r, FinishResult::Applied);
+    // A batch.
+    let c = claim(&db, "w", 1, Duration::seconds(30)).await;
+    let batched = c[0].lease();
+    let r = db
+        .store
+        .finish_many(&[(batched, Finish::Complete)], db.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(r, vec![FinishResult::Applied]);
+    // A round (finish and claim the next one).
+    let c = claim(&db, "w", 1, Duration::seconds(30)).await;
+    let rounded = c[0].lease();
+    let now = db.clock.now();
+    let round = db
+        .store
+        .finish_and_claim(
+            &[(rounded, Finish::Complete)],
+            &ClaimRequest {
+                owner: "w",
+                limit: 1,
+                now,
+                lease_until: now + Duration::seconds(30),
+                hooks: None,
+                routing: None,
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    assert_eq!(round.finished, vec![FinishResult::Applied]);
+    assert_eq!(round.claimed.unwrap().len(), 1);
+    let stored = db
+        .count_all(&[
+            "SELECT COUNT(*) FROM dockhand_action_logs WHERE event IN ('created', 'completed')",
+        ])
+        .await;
+    assert_eq!(stored, vec![0], "no created/completed log rows are written");
+    for lease in [one, batched, rounded] {
+        let action = q.get(lease.id).await.unwrap();
+        let logs = q.logs(lease.id).await.unwrap();
+        assert_eq!(events(logs.clone()), ["created", "started", "completed"]);
+        assert_eq!(Some(logs[2].at), action.finished_at);
+        assert_eq!(db.store.logs_tail(lease.id, 1).await.unwrap(), logs[2..]);
+    }
+    // A refused finish after the completion is logged after it.
+    db.clock.advance(Duration::seconds(1));
+    let r = db
+        .store
+        .finish(one, &Finish::Complete, db.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(r, FinishResult::LeaseLost);
+    assert_eq!(
+        events(q.logs(one.id).await.unwrap()),
+        ["created", "started", "completed", "lease_lost"]
+    );
+    assert_eq!(
+        events(db.store.logs_tail(one.id, 2).await.unwrap()),
+        ["completed", "lease_lost"]
+    );
+    // An action still running has no completed entry.
+    assert!(!events(q.logs(ids[3]).await.unwrap()).contains(&"completed".to_string()));
+    // A completion stored before 0017 is not doubled.
+    db.exec_sql(&format!(
+        "INSERT INTO dockhand_action_logs (action_id, at, event)
+         SELECT id, finished_at, 'completed' FROM dockhand_actions WHERE id = {}",
+        batched.id
+    ))
+    .await;
+    assert_eq!(
+        events(q.logs(batched.id).await.unwrap()),
+        ["created", "started", "completed"]
+    );
+}
