@@ -133,7 +133,8 @@ pub(super) async fn get(store: &MySqlStore, id: i64) -> Result<Option<Action>> {
 
 /// An action's log entries that are read from its row, not stored (migration 0017): `created`
 /// at `created_at` (first), and for a completed action `completed` at `finished_at`, placed
-/// before the first stored entry written after it. Each is left out where an action from
+/// before the first stored entry after its attempt's `started` row that is not older than it
+/// (a stale owner's refused finish). Each is left out where an action from
 /// before 0017 has it stored. Columns `k` (sort key: stored rows sort by id), `action_id`,
 /// `at`, `event`, `detail`; binds the action id [`LOG_FROM_ROW_BINDS`] times.
 pub(super) const LOG_FROM_ROW: &str = "
@@ -144,14 +145,17 @@ pub(super) const LOG_FROM_ROW: &str = "
                 WHERE action_id = ? ORDER BY id LIMIT 1) <=> 'created')
     UNION ALL
     SELECT COALESCE((SELECT MIN(l.id) FROM dockhand_action_logs l
-                     WHERE l.action_id = ? AND l.at > a.finished_at), 9.0E18) - 0.5E0,
+                     WHERE l.action_id = ? AND l.at >= a.finished_at
+                       AND l.id > COALESCE((SELECT MAX(s.id) FROM dockhand_action_logs s
+                                            WHERE s.action_id = ? AND s.event = 'started'),
+                                           0)), 9.0E18) - 0.5E0,
            a.id, a.finished_at, 'completed', NULL
     FROM dockhand_actions a
     WHERE a.id = ? AND a.status = 'complete'
       AND NOT EXISTS (SELECT 1 FROM dockhand_action_logs l
                       WHERE l.action_id = ? AND l.event = 'completed')";
 /// How many times [`LOG_FROM_ROW`] binds the action id.
-pub(super) const LOG_FROM_ROW_BINDS: usize = 5;
+pub(super) const LOG_FROM_ROW_BINDS: usize = 6;
 
 pub(super) async fn logs(store: &MySqlStore, id: i64) -> Result<Vec<ActionLog>> {
     let sql = format!(

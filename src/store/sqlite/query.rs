@@ -151,7 +151,8 @@ pub(super) async fn get(store: &SqliteStore, id: i64) -> Result<Option<Action>> 
 
 /// An action's log entries that are read from its row, not stored (migration 0017): `created`
 /// at `created_at` (first), and for a completed action `completed` at `finished_at`, placed
-/// before the first stored entry written after it. Each is left out where an action from
+/// before the first stored entry after its attempt's `started` row that is not older than it
+/// (a stale owner's refused finish). Each is left out where an action from
 /// before 0017 has it stored. Columns `k` (sort key: stored rows sort by id), `action_id`,
 /// `at`, `event`, `detail`; `?1` is the action id.
 pub(super) const LOG_FROM_ROW: &str = "
@@ -162,7 +163,10 @@ pub(super) const LOG_FROM_ROW: &str = "
            WHERE action_id = ?1 ORDER BY id LIMIT 1) IS NOT 'created'
     UNION ALL
     SELECT COALESCE((SELECT MIN(l.id) FROM dockhand_action_logs l
-                     WHERE l.action_id = ?1 AND l.at > a.finished_at), 9.0e18) - 0.5,
+                     WHERE l.action_id = ?1 AND l.at >= a.finished_at
+                       AND l.id > COALESCE((SELECT MAX(s.id) FROM dockhand_action_logs s
+                                            WHERE s.action_id = ?1 AND s.event = 'started'),
+                                           0)), 9.0e18) - 0.5,
            a.id, a.finished_at, 'completed', NULL
     FROM dockhand_actions a
     WHERE a.id = ?1 AND a.status = 'complete'
