@@ -360,6 +360,84 @@ impl Engine {
         }
     }
 
+    /// [`Self::claim_for_step`] for many identities, in one store call
+    /// ([`crate::Store::claim_items`]: one transaction, the job and run checked once); the
+    /// items processed already are put to the reprocess callback, and those it takes again
+    /// claimed in a second call. One result per identity, in order.
+    pub(crate) async fn claim_many_for_step(
+        &self,
+        ctx: &StepContext,
+        identities: Vec<Identity>,
+        completion: CompletionConfig,
+    ) -> Result<Vec<Option<Descriptor>>> {
+        let reqs: Vec<ClaimItemRequest> = identities
+            .into_iter()
+            .map(|identity| ClaimItemRequest {
+                identity,
+                job_id: Some(ctx.job_id),
+                ttl: ctx.claim_ttl,
+                completion: completion.clone(),
+                reprocess: false,
+                run: Some(ctx.run),
+            })
+            .collect();
+        if reqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let outcomes = self.store.claim_items(&reqs, self.clock.now()).await?;
+        let mut out = vec![None; reqs.len()];
+        let mut again = Vec::new();
+        let mut refused = None;
+        for (at, outcome) in outcomes.into_iter().enumerate() {
+            match outcome {
+                ClaimOutcome::Claimed(d) => out[at] = Some(d),
+                ClaimOutcome::HeldByOther => {}
+                ClaimOutcome::JobNotLive { .. } => refused = Some(outcome),
+                ClaimOutcome::AlreadyProcessed => {
+                    let req = &reqs[at];
+                    let take = self.reprocess.as_ref().is_some_and(|f| {
+                        f(&ReprocessContext {
+                            step_id: ctx.step_id(),
+                            scope: req.identity.scope.clone(),
+                            source_type: req.identity.source_type.clone(),
+                            item_id: req.identity.item_id.clone(),
+                            job_id: ctx.job_id,
+                        })
+                    });
+                    if take {
+                        again.push(at);
+                    }
+                }
+            }
+        }
+        if !again.is_empty() {
+            let retake: Vec<ClaimItemRequest> = again
+                .iter()
+                .map(|&at| ClaimItemRequest {
+                    reprocess: true,
+                    ..reqs[at].clone()
+                })
+                .collect();
+            let outcomes = self.store.claim_items(&retake, self.clock.now()).await?;
+            for (&at, outcome) in again.iter().zip(outcomes) {
+                match outcome {
+                    ClaimOutcome::Claimed(d) => out[at] = Some(d),
+                    ClaimOutcome::JobNotLive { .. } => refused = Some(outcome),
+                    _ => {}
+                }
+            }
+        }
+        if let Some(ClaimOutcome::JobNotLive {
+            job_id,
+            status,
+            step_index,
+        }) = refused
+        {
+            tracing::info!(job_id, %status, step_index, run_step = ctx.step_index, items = reqs.len(), "claims refused: the job is final or moved on");
+        }
+        Ok(out)
+    }
+
     /// Before a step run's output is written (defect 8 of issue 15): the claims earlier runs of
     /// this step took for the job and this output does not carry are released, so a zombie's
     /// or a failed attempt's extra items are not completed with the job though never

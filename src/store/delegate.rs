@@ -319,6 +319,13 @@ macro_rules! delegate_store {
             ) -> Result<ClaimOutcome> {
                 $around!(self, "claim_item", self.inner.claim_item(req, now))
             }
+            async fn claim_items(
+                &self,
+                reqs: &[ClaimItemRequest],
+                now: DateTime<Utc>,
+            ) -> Result<Vec<ClaimOutcome>> {
+                $around!(self, "claim_items", self.inner.claim_items(reqs, now))
+            }
             async fn renew_claims(&self, now: DateTime<Utc>, limit: i64) -> Result<u64> {
                 $around!(self, "renew_claims", self.inner.renew_claims(now, limit))
             }

@@ -361,6 +361,27 @@ pub trait Store: Send + Sync + 'static {
     /// (`ttl_ms`) for [`Store::renew_claims`].
     async fn claim_item(&self, req: &ClaimItemRequest, now: DateTime<Utc>) -> Result<ClaimOutcome>;
 
+    /// [`Store::claim_item`] for many requests in one transaction: each request gets, in
+    /// order, the outcome `claim_item` would give it had the requests been made one after
+    /// another (a repeated identity sees the claim an earlier request of the call took: the
+    /// same job gets it again with the same token, another owner `HeldByOther`). Each distinct
+    /// step run is fenced and each distinct job row locked for share and checked once, before
+    /// any claim row, as `claim_item` does; a lost lease fails the whole call with
+    /// [`Error::LeaseLost`] and writes nothing, and any error means nothing was written.
+    /// Backends override it set-based; the default calls `claim_item` per request (separate
+    /// transactions: an error may follow the claims of the requests before it).
+    async fn claim_items(
+        &self,
+        reqs: &[ClaimItemRequest],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ClaimOutcome>> {
+        let mut out = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            out.push(self.claim_item(req, now).await?);
+        }
+        Ok(out)
+    }
+
     /// The stored row for an identity.
     async fn get_claim(&self, identity: &Identity) -> Result<Option<ItemClaim>>;
 

@@ -71,6 +71,12 @@ conformance!(
     regression_zombie_step_run_claims_are_released_not_processed,
     regression_transient_completion_error_reruns_the_transaction,
     completion_handler_panic_rolls_back_and_is_an_error,
+    // Set-based claims and children (issue 16 item 3)
+    claim_items_give_each_request_what_claim_item_would,
+    claim_items_with_a_lost_lease_write_nothing,
+    claim_many_asks_the_reprocess_callback_and_claims_again,
+    create_children_adopts_discards_and_creates_in_one_call,
+    create_children_of_a_stopped_batch_discards_every_row,
     // Terminal bridge (S-T1 … S-T4), engine data (S-B12), jobs
     s_t1_every_final_route_passes_the_bridge_once,
     s_t2_finishing_a_final_job_again,

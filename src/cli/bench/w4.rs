@@ -1,7 +1,7 @@
 //! W4 (DESIGN §10): a batch pipeline over N items, through the public API only.
 //!
 //! The pipeline `bench.w4` has two steps: `claim` claims every item (`item-<i>`, source
-//! `bench`) in the shared scope [`SCOPE`] and emits one packet per item carrying its claim, so
+//! `bench`) in the shared scope [`SCOPE`], [`CLAIM_CHUNK`] per store call, and emits one packet per item carrying its claim, so
 //! the job fans out in chunks of [`CHUNK`]; `process` (the children) is a no-op that counts
 //! its run, and each child finishes through the terminal bridge, which completes its claim.
 //! The timer runs from [`crate::Jobs::start`] (runtime already started and idle) until the
@@ -25,6 +25,8 @@ const PIPELINE: &str = "bench.w4";
 const SCOPE: &str = "shared:bench";
 /// The claims' source type.
 const SOURCE: &str = "bench";
+/// Items claimed per store call (`StepContext::claim_many_in`: one transaction each).
+const CLAIM_CHUNK: usize = 500;
 /// Worklist rows turned into children per chunk action.
 const CHUNK: u32 = 100;
 /// The runtime's idle poll interval (as W2).
@@ -45,13 +47,17 @@ pub(super) async fn run(
     let pipeline = Pipeline::new(PIPELINE)
         .step("claim", move |ctx: StepContext| async move {
             let mut packets = Vec::with_capacity(n as usize);
-            for i in 0..n {
+            let items: Vec<u32> = (0..n).collect();
+            for chunk in items.chunks(CLAIM_CHUNK) {
+                let ids = chunk.iter().map(|i| format!("item-{i}"));
                 let claimed = ctx
-                    .claim_in(SCOPE, SOURCE, &format!("item-{i}"), Default::default())
+                    .claim_many_in(SCOPE, SOURCE, ids, Default::default())
                     .await
                     .map_err(HandlerError::retry)?;
-                if let Some(d) = claimed {
-                    packets.push(Packet::new(json!({ "n": i })).with_claim(d));
+                for (&i, d) in chunk.iter().zip(claimed) {
+                    if let Some(d) = d {
+                        packets.push(Packet::new(json!({ "n": i })).with_claim(d));
+                    }
                 }
             }
             Ok(StepOutput::Packets(packets))

@@ -23,6 +23,8 @@ pub(super) const SCOPE: &str = "shared:feed";
 const SOURCE: &str = "rss";
 /// The tracked-items ledger namespace.
 pub(super) const NAMESPACE: &str = "feed";
+/// Feed items claimed per store call (`StepContext::claim_many_in`: one transaction each).
+const CLAIM_CHUNK: usize = 500;
 /// Worklist rows turned into children per chunk action.
 pub(super) const CHUNK_SIZE: u32 = 100;
 
@@ -90,55 +92,67 @@ async fn claim_step(
     let items = feed_items().map_err(HandlerError::fatal)?;
     progress.reset(items.len() as u64);
     let mut packets = Vec::new();
-    for item in items {
-        let id = item["id"].as_str().unwrap_or_default().to_string();
+    for chunk in items.chunks(CLAIM_CHUNK) {
+        let ids: Vec<String> = chunk
+            .iter()
+            .map(|item| item["id"].as_str().unwrap_or_default().to_string())
+            .collect();
         let claimed = ctx
-            .claim_in(SCOPE, SOURCE, &id, completion())
+            .claim_many_in(SCOPE, SOURCE, &ids, completion())
             .await
             .map_err(HandlerError::retry)?;
-        let descriptor = match claimed {
-            Some(d) => Some(d),
-            // Not taken: processed already, held by another job, or held by this job since an
-            // earlier attempt of this step (then it is adopted, or the parent would complete it
-            // unprocessed when it finishes).
-            None => {
-                let identity = Identity::new(SCOPE, SOURCE, &id).map_err(HandlerError::fatal)?;
-                let state = store
-                    .get_claim(&identity)
-                    .await
-                    .map_err(HandlerError::retry)?;
-                match state {
-                    Some(c) if c.status == ClaimStatus::Processed => {
-                        ClaimProgress::bump(&progress.already_processed);
-                        None
-                    }
-                    Some(ItemClaim {
-                        status: ClaimStatus::Claimed,
-                        job_id: Some(owner),
-                        token: Some(token),
-                        completion: config,
-                        ..
-                    }) if owner == ctx.job_id => Some(Descriptor {
-                        identity,
-                        token,
-                        job_id: Some(owner),
-                        completion: config.unwrap_or_else(completion),
-                    }),
-                    _ => {
-                        ClaimProgress::bump(&progress.held_elsewhere);
-                        None
-                    }
-                }
+        for ((item, id), claimed) in chunk.iter().zip(&ids).zip(claimed) {
+            let descriptor = match claimed {
+                Some(d) => Some(d),
+                None => not_taken(&ctx, &store, &progress, id).await?,
+            };
+            if let Some(d) = descriptor {
+                ClaimProgress::bump(&progress.claimed);
+                packets.push(Packet::new(item.clone()).with_claim(d));
             }
-        };
-        if let Some(d) = descriptor {
-            ClaimProgress::bump(&progress.claimed);
-            packets.push(Packet::new(item).with_claim(d));
+            ClaimProgress::bump(&progress.examined);
         }
-        ClaimProgress::bump(&progress.examined);
     }
     // No packets: the job finishes `completed_no_items`. Several: fan-out (one child each).
     Ok(StepOutput::Packets(packets))
+}
+
+/// An item the claim did not take: processed already, held by another job, or held by this
+/// job since an earlier attempt of this step (then it is adopted, or the parent would complete
+/// it unprocessed when it finishes).
+async fn not_taken(
+    ctx: &StepContext,
+    store: &DynStore,
+    progress: &ClaimProgress,
+    id: &str,
+) -> Result<Option<Descriptor>, HandlerError> {
+    let identity = Identity::new(SCOPE, SOURCE, id).map_err(HandlerError::fatal)?;
+    let state = store
+        .get_claim(&identity)
+        .await
+        .map_err(HandlerError::retry)?;
+    Ok(match state {
+        Some(c) if c.status == ClaimStatus::Processed => {
+            ClaimProgress::bump(&progress.already_processed);
+            None
+        }
+        Some(ItemClaim {
+            status: ClaimStatus::Claimed,
+            job_id: Some(owner),
+            token: Some(token),
+            completion: config,
+            ..
+        }) if owner == ctx.job_id => Some(Descriptor {
+            identity,
+            token,
+            job_id: Some(owner),
+            completion: config.unwrap_or_else(completion),
+        }),
+        _ => {
+            ClaimProgress::bump(&progress.held_elsewhere);
+            None
+        }
+    })
 }
 
 /// How many feed items have a `processed` claim in the shared scope.

@@ -40,7 +40,7 @@ fn no_row(parent: i64, idx: i32) -> Error {
 /// Why no child may be created for row `idx`: the parent is missing, or the row is missing or
 /// no longer `ready`/`leased` (an error); or the parent is final or its batch has an outcome
 /// (`Ok(true)`: the row is discarded instead).
-fn refusal(
+pub(super) fn refusal(
     parent: i64,
     idx: i32,
     parent_row: Option<&super::fence::ParentRow>,
@@ -65,7 +65,7 @@ fn refusal(
 
 /// Discards row `idx` of `parent` on the open transaction (attempts + `bump`, `error` kept),
 /// releasing the parent's claims its sidecar names, or — for a malformed sidecar — by job id.
-async fn discard_row(
+pub(super) async fn discard_row(
     conn: &mut MySqlConnection,
     parent: i64,
     idx: i32,
@@ -93,7 +93,7 @@ async fn discard_row(
 }
 
 /// Pushes `CAST(? AS BINARY), …` for `tokens` (exact token matches).
-fn push_tokens(qb: &mut QueryBuilder<'_, MySql>, tokens: &[&String]) {
+pub(super) fn push_tokens(qb: &mut QueryBuilder<'_, MySql>, tokens: &[&String]) {
     let mut sep = qb.separated(", ");
     for t in tokens {
         sep.push("CAST(")
@@ -246,7 +246,11 @@ pub(super) async fn schedule_chunk(
 /// `LOCK IN SHARE MODE` (MariaDB has no `FOR SHARE`) holds the action row until the caller
 /// commits: the reaper (which skips locked rows) cannot expire the lease, and so no newer
 /// attempt can claim it, in between.
-async fn chunk_fence(conn: &mut MySqlConnection, chunk: Lease, op: &'static str) -> Result<()> {
+pub(super) async fn chunk_fence(
+    conn: &mut MySqlConnection,
+    chunk: Lease,
+    op: &'static str,
+) -> Result<()> {
     let live: Option<i32> = sqlx::query_scalar(
         "SELECT 1 FROM dockhand_actions
          WHERE id = ? AND status = 'running' AND lease_token = ?

@@ -456,6 +456,16 @@ async fn job_refusal(
     req: &ClaimItemRequest,
     job_id: i64,
 ) -> Result<Option<ClaimOutcome>> {
+    Ok(job_state(conn, job_id)
+        .await?
+        .and_then(|(status, step_index)| refusal(req, job_id, status, step_index)))
+}
+
+/// A claim's owning job's status and step, its row locked in share mode (`None`: no row).
+pub(super) async fn job_state(
+    conn: &mut MySqlConnection,
+    job_id: i64,
+) -> Result<Option<(JobStatus, i32)>> {
     let row =
         sqlx::query("SELECT status, step_index FROM dockhand_jobs WHERE id = ? LOCK IN SHARE MODE")
             .bind(job_id)
@@ -473,5 +483,5 @@ async fn job_refusal(
     let step_index: i32 = row
         .try_get("step_index")
         .map_err(Error::db("claim_item (job)"))?;
-    Ok(refusal(req, job_id, status, step_index))
+    Ok(Some((status, step_index)))
 }

@@ -24,7 +24,9 @@
 mod args_match;
 mod batch;
 mod bridge;
+mod children;
 mod claim;
+mod claim_many;
 mod claim_upkeep;
 mod claims;
 mod connect;
@@ -359,6 +361,13 @@ impl Store for MySqlStore {
     async fn claim_item(&self, req: &ClaimItemRequest, now: DateTime<Utc>) -> Result<ClaimOutcome> {
         claims::claim_item(self, req, now).await
     }
+    async fn claim_items(
+        &self,
+        reqs: &[ClaimItemRequest],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ClaimOutcome>> {
+        claim_many::claim_items(self, reqs, now).await
+    }
 
     async fn get_claim(&self, identity: &Identity) -> Result<Option<ItemClaim>> {
         claims::get_claim(self, identity).await
@@ -443,6 +452,15 @@ impl Store for MySqlStore {
         now: DateTime<Utc>,
     ) -> Result<ChildOutcome> {
         batch::create_child(self, child, chunk, now).await
+    }
+
+    async fn create_children(
+        &self,
+        children: &[ChildSpec],
+        chunk: Lease,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ChildOutcome>> {
+        children::create_children(self, children, chunk, now).await
     }
 
     async fn settle_work(

@@ -460,7 +460,7 @@ async fn adopt(
 /// Why no child may be created for row `idx`: the parent is missing, or the row is missing or
 /// no longer `ready`/`leased` (an error); or the parent is final or its batch has an outcome
 /// (`Ok(true)`: the row is discarded instead).
-fn refusal(
+pub(super) fn refusal(
     parent: i64,
     idx: i32,
     parent_row: Option<&(String, Option<String>)>,

@@ -216,3 +216,59 @@ pub(super) async fn batch_group(conn: &mut PgConnection, parent: i64) -> Result<
             .map_err(Error::db("batch_group"))?;
     Ok(crate::batch::action_group(pipeline.as_deref()))
 }
+
+/// Inserts actions whose unique keys no active action can hold (a fresh child's step actions)
+/// on an open transaction, one statement per [`BULK_CHUNK`], with their `created` log rows
+/// and, when one is due, the `pg_notify`. A key held after all (a leftover) is skipped, as
+/// `ON CONFLICT … DO NOTHING`. Returns how many were inserted.
+pub(super) async fn enqueue_fresh(
+    conn: &mut PgConnection,
+    actions: &[PreparedAction],
+    now: DateTime<Utc>,
+    channel: Option<&str>,
+) -> Result<usize> {
+    let op = "enqueue (fresh)";
+    let mut inserted = 0;
+    for part in actions.chunks(BULK_CHUNK) {
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "INSERT INTO dockhand_actions
+                (hook, args, group_name, priority, status, scheduled_at, max_attempts,
+                 timeout_ms, unique_key, created_at)
+             SELECT t.hook, t.args::jsonb, t.group_name, t.priority, 'pending', t.scheduled_at,
+                    t.max_attempts, t.timeout_ms, t.unique_key, $9
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[],
+                         $6::int4[], $7::int8[], $8::text[])
+                  AS t(hook, args, group_name, priority, scheduled_at, max_attempts, timeout_ms,
+                       unique_key)
+             ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
+                 AND status IN ('pending', 'running')
+             DO NOTHING
+             RETURNING id",
+        )
+        .bind(part.iter().map(|a| a.hook.as_str()).collect::<Vec<_>>())
+        .bind(
+            part.iter()
+                .map(|a| a.args_json.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(part.iter().map(|a| a.group.as_deref()).collect::<Vec<_>>())
+        .bind(part.iter().map(|a| a.priority).collect::<Vec<_>>())
+        .bind(part.iter().map(|a| ts(a.scheduled_at)).collect::<Vec<_>>())
+        .bind(part.iter().map(|a| a.max_attempts).collect::<Vec<_>>())
+        .bind(part.iter().map(|a| a.timeout_ms).collect::<Vec<_>>())
+        .bind(
+            part.iter()
+                .map(|a| a.unique_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(ts(now))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(Error::db(op))?;
+        inserted += ids.len();
+    }
+    if actions.iter().any(|a| a.scheduled_at <= now) {
+        listen::notify(conn, channel).await?;
+    }
+    Ok(inserted)
+}

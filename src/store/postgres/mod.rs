@@ -19,7 +19,9 @@
 
 mod batch;
 mod bridge;
+mod children;
 mod claim;
+mod claim_many;
 mod claim_upkeep;
 mod claims;
 mod connect;
@@ -395,6 +397,13 @@ impl Store for PgStore {
     async fn claim_item(&self, req: &ClaimItemRequest, now: DateTime<Utc>) -> Result<ClaimOutcome> {
         claims::claim_item(self, req, now).await
     }
+    async fn claim_items(
+        &self,
+        reqs: &[ClaimItemRequest],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ClaimOutcome>> {
+        claim_many::claim_items(self, reqs, now).await
+    }
 
     async fn get_claim(&self, identity: &Identity) -> Result<Option<ItemClaim>> {
         claims::get_claim(self, identity).await
@@ -479,6 +488,15 @@ impl Store for PgStore {
         now: DateTime<Utc>,
     ) -> Result<ChildOutcome> {
         batch::create_child(self, child, chunk, now).await
+    }
+
+    async fn create_children(
+        &self,
+        children: &[ChildSpec],
+        chunk: Lease,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ChildOutcome>> {
+        children::create_children(self, children, chunk, now).await
     }
 
     async fn settle_work(

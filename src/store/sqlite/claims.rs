@@ -130,26 +130,45 @@ pub(super) async fn claim_item(
     req: &ClaimItemRequest,
     now: DateTime<Utc>,
 ) -> Result<ClaimOutcome> {
-    let identity = &req.identity;
-    identity.validate()?;
+    let op = "claim_item";
+    req.identity.validate()?;
     let expires = claim_expiry(req, now)?;
-    let hash = identity.hash();
-    let token = uuid::Uuid::new_v4().to_string();
     // `BEGIN IMMEDIATE`: the bridge and the reaper are writers too, so the job and the run
     // read here cannot change before this commits.
-    let mut tx = store.begin_write("claim_item").await?;
+    let mut tx = store.begin_write(op).await?;
     if let Some(run) = req.run {
-        if let Err(lost) = run_fence(&mut tx, run.lease, "claim_item").await {
-            tx.rollback().await.map_err(Error::db("claim_item"))?;
+        if let Err(lost) = run_fence(&mut tx, run.lease, op).await {
+            tx.rollback().await.map_err(Error::db(op))?;
             return Err(lost);
         }
     }
     if let Some(job_id) = req.job_id {
         if let Some(refused) = job_refusal(&mut tx, req, job_id).await? {
-            tx.rollback().await.map_err(Error::db("claim_item"))?;
+            tx.rollback().await.map_err(Error::db(op))?;
             return Ok(refused);
         }
     }
+    let outcome = claim_on(&mut tx, req, expires, now, op).await;
+    if let Ok(ClaimOutcome::Claimed(_)) = outcome {
+        tx.commit().await.map_err(Error::db(op))?;
+    } else {
+        tx.rollback().await.map_err(Error::db(op))?;
+    }
+    outcome
+}
+
+/// The upsert of one claim on the open write transaction (the job and run already checked),
+/// and, when the row refused it, the reason read back; nothing is written then.
+pub(super) async fn claim_on(
+    conn: &mut SqliteConnection,
+    req: &ClaimItemRequest,
+    expires: DateTime<Utc>,
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<ClaimOutcome> {
+    let identity = &req.identity;
+    let hash = identity.hash();
+    let token = uuid::Uuid::new_v4().to_string();
     let claimed: Option<String> = sqlx::query_scalar(CLAIM)
         .bind(&hash)
         .bind(&identity.scope)
@@ -165,11 +184,10 @@ pub(super) async fn claim_item(
         .bind(req.run.map(|r| r.step))
         .bind(req.run.map(|r| r.lease.id))
         .bind(req.run.map(|r| r.lease.token))
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut *conn)
         .await
-        .map_err(Error::db("claim_item"))?;
+        .map_err(Error::db(op))?;
     if let Some(token) = claimed {
-        tx.commit().await.map_err(Error::db("claim_item"))?;
         return Ok(ClaimOutcome::Claimed(Descriptor {
             identity: identity.clone(),
             token,
@@ -182,12 +200,11 @@ pub(super) async fn claim_item(
         "SELECT {CLAIM_COLUMNS} FROM dockhand_item_claims WHERE identity_hash = ?"
     ))
     .bind(&hash)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut *conn)
     .await
-    .map_err(Error::db("claim_item"))?;
-    tx.rollback().await.map_err(Error::db("claim_item"))?;
+    .map_err(Error::db(op))?;
     let id = match &row {
-        Some(r) => r.try_get("id").map_err(Error::db("claim_item"))?,
+        Some(r) => r.try_get("id").map_err(Error::db(op))?,
         None => 0,
     };
     let corrupt = |message: String| Error::Corrupt {
@@ -383,6 +400,16 @@ async fn job_refusal(
     req: &ClaimItemRequest,
     job_id: i64,
 ) -> Result<Option<ClaimOutcome>> {
+    Ok(job_state(conn, job_id)
+        .await?
+        .and_then(|(status, step_index)| refusal(req, job_id, status, step_index)))
+}
+
+/// A claim's owning job's status and step, read on the claim's transaction (`None`: no row).
+pub(super) async fn job_state(
+    conn: &mut SqliteConnection,
+    job_id: i64,
+) -> Result<Option<(JobStatus, i32)>> {
     let row: Option<(String, i32)> =
         sqlx::query_as("SELECT status, step_index FROM dockhand_jobs WHERE id = ?")
             .bind(job_id)
@@ -397,5 +424,5 @@ async fn job_refusal(
         id: job_id,
         message: e.to_string(),
     })?;
-    Ok(refusal(req, job_id, status, step_index))
+    Ok(Some((status, step_index)))
 }

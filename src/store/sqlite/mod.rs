@@ -27,6 +27,7 @@ mod bridge;
 mod cancel_tests;
 mod children;
 mod claim;
+mod claim_many;
 mod claim_upkeep;
 mod claims;
 mod connect;
@@ -384,6 +385,13 @@ impl Store for SqliteStore {
 
     async fn claim_item(&self, req: &ClaimItemRequest, now: DateTime<Utc>) -> Result<ClaimOutcome> {
         claims::claim_item(self, req, now).await
+    }
+    async fn claim_items(
+        &self,
+        reqs: &[ClaimItemRequest],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ClaimOutcome>> {
+        claim_many::claim_items(self, reqs, now).await
     }
 
     async fn get_claim(&self, identity: &Identity) -> Result<Option<ItemClaim>> {

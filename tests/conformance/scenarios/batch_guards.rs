@@ -86,7 +86,7 @@ pub async fn regression_cancel_whose_parent_finish_fails_still_finishes(db: Test
 
 /// The spec of row `idx` of a `batch_pipeline` parent (children at step 1), handing over the
 /// claim of `item(idx)` held by the parent.
-async fn spec_for(rt: &dockhand::Runtime, parent: i64, idx: i32) -> ChildSpec {
+pub(super) async fn spec_for(rt: &dockhand::Runtime, parent: i64, idx: i32) -> ChildSpec {
     let claim = rt
         .jobs()
         .claim_state(&item(idx as usize))

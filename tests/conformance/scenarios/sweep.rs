@@ -55,6 +55,7 @@ pub const SWEPT: &[&str] = &[
     "advance_job",
     "finish_job",
     "claim_item",
+    "claim_items",
     "complete_claim",
     "release_claim",
     "fan_out",

@@ -141,20 +141,21 @@ fn ledger_config() -> CompletionConfig {
     }
 }
 
-/// A step that claims `n` items named `{prefix}-{i}` and emits one packet per item carrying
-/// its claim.
+/// A step that claims `n` items named `{prefix}-{i}` (in one `claim_many_in` call) and emits
+/// one packet per item carrying its claim.
 async fn split(
     ctx: dockhand::StepContext,
     prefix: &str,
     n: usize,
 ) -> dockhand::jobs::pipeline::StepResult {
+    let ids: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}")).collect();
+    let claimed = ctx
+        .claim_many_in(SCOPE, "src", &ids, ledger_config())
+        .await
+        .map_err(HandlerError::retry)?;
     let mut out = Vec::new();
-    for i in 0..n {
-        let d = ctx
-            .claim_in(SCOPE, "src", &format!("{prefix}-{i}"), ledger_config())
-            .await
-            .map_err(HandlerError::retry)?
-            .ok_or_else(|| HandlerError::retry("item held"))?;
+    for (i, d) in claimed.into_iter().enumerate() {
+        let d = d.ok_or_else(|| HandlerError::retry("item held"))?;
         out.push(Packet::new(json!({"i": i})).with_claim(d));
     }
     Ok(StepOutput::Packets(out))

@@ -1,0 +1,380 @@
+//! MySQL: a chunk's children created set-based ([`crate::Store::create_children`]). One
+//! transaction under the chunk run's fence locks the parent, the chunk's worklist rows and the
+//! claims they hand over (the lock order of [`super::batch`]), reads the children that exist,
+//! decides every row as [`super::batch::create_child`] would (adopt, discard because the batch
+//! stopped or a claim was lost, or create), then writes the new children with multi-row
+//! statements: the jobs (`INSERT … SELECT` joining the specs to their worklist rows; ids read
+//! back by child index, MySQL 8 has no `RETURNING`), the claim hand-over (an `UPDATE … JOIN`
+//! of the tokens), the rows marked completed, the parent's `children_total` once, and the step
+//! actions (one multi-row insert; a fresh child's unique key is free). Any error rolls the
+//! whole chunk back; the caller then goes row by row. A deadlock re-runs the transaction.
+
+use super::batch::{chunk_fence, discard_row, push_tokens, refusal};
+use super::connect::retry_deadlocks;
+use super::fence::{lock_parent, TOKENS_PER_STATEMENT};
+use super::jobs::text;
+use super::{ms, MySqlStore};
+use crate::batch::{ChildOutcome, ChildSpec, DiscardCause};
+use crate::error::{Error, Result};
+use crate::store::Lease;
+use chrono::{DateTime, Utc};
+use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
+use std::collections::{HashMap, HashSet};
+
+/// Rows per multi-row statement (at most 10 parameters each, under MySQL's 65,535).
+const ROWS_PER_STATEMENT: usize = 1_000;
+
+pub(super) async fn create_children(
+    store: &MySqlStore,
+    specs: &[ChildSpec],
+    chunk: Lease,
+    now: DateTime<Utc>,
+) -> Result<Vec<ChildOutcome>> {
+    let op = "create_children";
+    let Some(first) = specs.first() else {
+        return Ok(Vec::new());
+    };
+    let parent = first.parent_id;
+    let mut seen = HashSet::new();
+    if specs
+        .iter()
+        .any(|c| c.parent_id != parent || !seen.insert(c.idx))
+    {
+        return Err(Error::invalid(
+            "children",
+            format!("job {parent}: one parent and distinct rows per call"),
+        ));
+    }
+    let mut refs = Vec::with_capacity(specs.len());
+    for c in specs {
+        refs.push(
+            serde_json::to_string(&c.input_refs)
+                .map_err(|e| Error::invalid("input_refs", e.to_string()))?,
+        );
+    }
+    let refs = &refs;
+    let (outcomes, due) = retry_deadlocks(op, move || async move {
+        let mut tx = store.begin(op).await?;
+        let done = async {
+            chunk_fence(&mut tx, chunk, op).await?;
+            create_in_tx(&mut tx, parent, specs, refs, now).await
+        }
+        .await;
+        match done {
+            Ok(done) => {
+                tx.commit().await.map_err(Error::db(op))?;
+                Ok(done)
+            }
+            Err(e) => {
+                // Dropping the transaction rolls back if this fails too.
+                let _ = tx.rollback().await;
+                Err(e)
+            }
+        }
+    })
+    .await?;
+    if due {
+        store.wake.notify();
+    }
+    Ok(outcomes)
+}
+
+/// Pushes `?, ?, …` for `idxs`.
+fn push_idxs(qb: &mut QueryBuilder<'_, MySql>, idxs: &[i32]) {
+    let mut sep = qb.separated(", ");
+    for i in idxs {
+        sep.push_bind(*i);
+    }
+}
+
+/// The children of `parent` at `idxs` that exist, by child index.
+async fn existing(
+    conn: &mut MySqlConnection,
+    parent: i64,
+    idxs: &[i32],
+) -> Result<HashMap<i32, i64>> {
+    let mut qb: QueryBuilder<MySql> =
+        QueryBuilder::new("SELECT child_index, id FROM dockhand_jobs WHERE parent_id = ");
+    qb.push_bind(parent).push(" AND child_index IN (");
+    push_idxs(&mut qb, idxs);
+    qb.push(")");
+    let rows = qb
+        .build()
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(Error::db("create_children"))?;
+    let mut out = HashMap::with_capacity(rows.len());
+    for r in rows {
+        let d = || Error::db("create_children");
+        out.insert(
+            r.try_get("child_index").map_err(d())?,
+            r.try_get("id").map_err(d())?,
+        );
+    }
+    Ok(out)
+}
+
+/// The rows' decisions and writes on the open transaction; true when a due step action was
+/// enqueued.
+async fn create_in_tx(
+    conn: &mut MySqlConnection,
+    parent: i64,
+    specs: &[ChildSpec],
+    refs: &[String],
+    now: DateTime<Utc>,
+) -> Result<(Vec<ChildOutcome>, bool)> {
+    let op = "create_children";
+    let idxs: Vec<i32> = specs.iter().map(|c| c.idx).collect();
+    // The parent's lock first (see the lock order of `batch`); its status decides below.
+    let parent_row = lock_parent(conn, parent, op).await?;
+    let existing = existing(conn, parent, &idxs).await?;
+    let mut qb: QueryBuilder<MySql> =
+        QueryBuilder::new("SELECT idx, state FROM dockhand_worklist WHERE parent_id = ");
+    qb.push_bind(parent).push(" AND idx IN (");
+    push_idxs(&mut qb, &idxs);
+    qb.push(") ORDER BY idx FOR UPDATE");
+    let mut rows: HashMap<i32, String> = HashMap::new();
+    for r in qb
+        .build()
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(Error::db(op))?
+    {
+        rows.insert(r.try_get("idx").map_err(Error::db(op))?, text(&r, "state")?);
+    }
+    let mut all_tokens: Vec<&String> = specs.iter().flat_map(|c| &c.claim_tokens).collect();
+    all_tokens.sort_unstable();
+    all_tokens.dedup();
+    // The claims still the parent's, locked: no takeover slips in before the hand-over. A
+    // token handed to an earlier row of this call is no longer the parent's for a later one.
+    let mut held: HashSet<String> = HashSet::new();
+    for part in all_tokens.chunks(TOKENS_PER_STATEMENT) {
+        let mut qb: QueryBuilder<MySql> =
+            QueryBuilder::new("SELECT token FROM dockhand_item_claims WHERE job_id = ");
+        qb.push_bind(parent)
+            .push(" AND status = 'claimed' AND CAST(token AS BINARY) IN (");
+        push_tokens(&mut qb, part);
+        qb.push(") ORDER BY token FOR UPDATE");
+        for r in qb
+            .build()
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(Error::db(op))?
+        {
+            held.insert(text(&r, "token")?);
+        }
+    }
+    let mut outcomes: Vec<Option<ChildOutcome>> = vec![None; specs.len()];
+    let mut create: Vec<(usize, Vec<&String>)> = Vec::new();
+    for (at, c) in specs.iter().enumerate() {
+        let idx = c.idx;
+        if let Some(&child) = existing.get(&idx) {
+            sqlx::query(
+                "UPDATE dockhand_worklist
+                 SET state = 'completed', child_id = ?, lease_owner = NULL, lease_until = NULL
+                 WHERE parent_id = ? AND idx = ? AND NOT (state = 'completed' AND child_id <=> ?)",
+            )
+            .bind(child)
+            .bind(parent)
+            .bind(idx)
+            .bind(child)
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(op))?;
+            outcomes[at] = Some(ChildOutcome::Adopted(child));
+            continue;
+        }
+        let stopped = refusal(
+            parent,
+            idx,
+            parent_row.as_ref(),
+            rows.get(&idx).map(String::as_str),
+        )?;
+        let mut tokens: Vec<&String> = c.claim_tokens.iter().collect();
+        tokens.sort_unstable();
+        tokens.dedup();
+        let lost = tokens.iter().filter(|t| !held.contains(t.as_str())).count();
+        let discard = if stopped {
+            Some((
+                DiscardCause::BatchStopped,
+                "batch stopped: no new child".to_string(),
+            ))
+        } else if lost > 0 {
+            Some((
+                DiscardCause::ClaimLost,
+                format!(
+                    "claim lost: {lost} of {} claims are no longer held by the parent",
+                    tokens.len()
+                ),
+            ))
+        } else {
+            None
+        };
+        // A row's claims leave the parent either way (handed over, or released by a discard).
+        for t in &tokens {
+            held.remove(t.as_str());
+        }
+        if let Some((cause, error)) = discard {
+            discard_row(&mut *conn, parent, idx, (&error, 0), op).await?;
+            outcomes[at] = Some(ChildOutcome::Discarded(cause));
+            continue;
+        }
+        create.push((at, tokens));
+    }
+    let mut due = false;
+    if !create.is_empty() {
+        due = insert_children(&mut *conn, parent, specs, refs, &create, &mut outcomes, now).await?;
+    }
+    let outcomes = outcomes
+        .into_iter()
+        .map(|o| o.ok_or_else(|| Error::Config(format!("job {parent}: a row got no outcome"))))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((outcomes, due))
+}
+
+/// Inserts the children of `create` (spec position, its claim tokens) with their hand-overs,
+/// rows, counter and step actions; fills their outcomes. True when a step action is due.
+async fn insert_children(
+    conn: &mut MySqlConnection,
+    parent: i64,
+    specs: &[ChildSpec],
+    refs: &[String],
+    create: &[(usize, Vec<&String>)],
+    outcomes: &mut [Option<ChildOutcome>],
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let op = "create_children";
+    for part in create.chunks(ROWS_PER_STATEMENT) {
+        let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+            "INSERT INTO dockhand_jobs
+                (pipeline, status, step_index, input_refs, engine_data, engine_version,
+                 parent_id, child_index, created_at, updated_at, item_ref, sidecar)
+             SELECT u.p, 'pending', u.s, u.r, '{}', 0, w.parent_id, w.idx, ",
+        );
+        qb.push_bind(ms(now))
+            .push(", ")
+            .push_bind(ms(now))
+            .push(", w.payload_ref, w.sidecar FROM (");
+        for (n, &(at, _)) in part.iter().enumerate() {
+            let c = &specs[at];
+            qb.push(if n == 0 {
+                "SELECT "
+            } else {
+                " UNION ALL SELECT "
+            })
+            .push_bind(c.idx)
+            .push(" AS i, ")
+            .push_bind(&c.pipeline)
+            .push(" AS p, ")
+            .push_bind(c.step_index)
+            .push(" AS s, ")
+            .push_bind(&refs[at])
+            .push(" AS r, ")
+            .push_bind(n as i64)
+            .push(" AS n");
+        }
+        qb.push(") u JOIN dockhand_worklist w ON w.parent_id = ")
+            .push_bind(parent)
+            .push(" AND w.idx = u.i ORDER BY u.n");
+        qb.build()
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(op))?;
+    }
+    let made: Vec<i32> = create.iter().map(|&(at, _)| specs[at].idx).collect();
+    let ids = existing(conn, parent, &made).await?;
+    if ids.len() != create.len() {
+        return Err(Error::Config(format!(
+            "job {parent}: {} children inserted for {} rows",
+            ids.len(),
+            create.len()
+        )));
+    }
+    let mut handover: Vec<(&String, i64, i64)> = Vec::new();
+    for (at, tokens) in create {
+        let c = &specs[*at];
+        let child = ids[&c.idx];
+        outcomes[*at] = Some(ChildOutcome::Created(child));
+        for t in tokens {
+            handover.push((t, child, c.claim_ttl.num_milliseconds()));
+        }
+    }
+    for part in handover.chunks(ROWS_PER_STATEMENT) {
+        let mut qb: QueryBuilder<MySql> = QueryBuilder::new("UPDATE dockhand_item_claims c JOIN (");
+        for (n, (token, child, ttl)) in part.iter().enumerate() {
+            qb.push(if n == 0 {
+                "SELECT "
+            } else {
+                " UNION ALL SELECT "
+            })
+            .push("CAST(")
+            .push_bind(token.as_str())
+            .push(" AS BINARY) AS token, ")
+            .push_bind(*child)
+            .push(" AS child, ")
+            .push_bind(*ttl)
+            .push(" AS ttl");
+        }
+        qb.push(") m ON CAST(c.token AS BINARY) = m.token SET c.job_id = m.child, c.expires_at = ")
+            .push_bind(ms(now))
+            .push(" + COALESCE(c.ttl_ms, m.ttl) WHERE c.job_id = ")
+            .push_bind(parent)
+            .push(" AND c.status = 'claimed'");
+        qb.build()
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db("create_children (claims)"))?;
+    }
+    let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+        "UPDATE dockhand_worklist w JOIN dockhand_jobs j
+            ON j.parent_id = w.parent_id AND j.child_index = w.idx
+         SET w.state = 'completed', w.child_id = j.id, w.lease_owner = NULL,
+             w.lease_until = NULL
+         WHERE w.parent_id = ",
+    );
+    qb.push_bind(parent).push(" AND w.idx IN (");
+    push_idxs(&mut qb, &made);
+    qb.push(")");
+    qb.build()
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::db("create_children (worklist)"))?;
+    sqlx::query("UPDATE dockhand_jobs SET children_total = children_total + ? WHERE id = ?")
+        .bind(create.len() as i64)
+        .bind(parent)
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::db("create_children (parent)"))?;
+    let actions: Vec<_> = create
+        .iter()
+        .map(|(at, _)| {
+            let c = &specs[*at];
+            c.step.action(ids[&c.idx], c.step_index, now)
+        })
+        .collect();
+    for part in actions.chunks(ROWS_PER_STATEMENT) {
+        let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+            "INSERT INTO dockhand_actions
+                (hook, args, group_name, priority, status, scheduled_at, max_attempts,
+                 timeout_ms, unique_key, active_key, created_at) ",
+        );
+        qb.push_values(part, |mut b, a| {
+            b.push_bind(&a.hook)
+                .push_bind(&a.args_json)
+                .push_bind(&a.group)
+                .push_bind(a.priority)
+                .push("'pending'")
+                .push_bind(ms(a.scheduled_at))
+                .push_bind(a.max_attempts)
+                .push_bind(a.timeout_ms)
+                .push_bind(&a.unique_key)
+                .push_bind(a.unique_key.as_deref().map(str::as_bytes))
+                .push_bind(ms(now));
+        });
+        qb.build()
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db("create_children (step actions)"))?;
+    }
+    Ok(actions.iter().any(|a| a.scheduled_at <= now))
+}

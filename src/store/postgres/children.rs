@@ -1,0 +1,317 @@
+//! PostgreSQL: a chunk's children created set-based ([`crate::Store::create_children`]). One
+//! transaction under the chunk run's fence locks the parent (`FOR UPDATE`), the chunk's
+//! worklist rows and the claims they hand over (the lock order of [`super::batch`]), reads
+//! the children that exist, decides every row as [`super::batch::create_child`] would (adopt,
+//! discard because the batch stopped or a claim was lost, or create), then writes the new
+//! children with one statement per table: the jobs (`UNNEST` of the specs joined to their
+//! worklist rows), the claim hand-over, the rows marked completed, the parent's
+//! `children_total` once, and the step actions in bulk. Any error rolls the whole chunk back;
+//! the caller then goes row by row.
+
+use super::batch::{chunk_fence, discard_row, refusal};
+use super::enqueue::enqueue_fresh;
+use super::{ts, PgStore};
+use crate::batch::{ChildOutcome, ChildSpec, DiscardCause};
+use crate::error::{Error, Result};
+use crate::store::Lease;
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use std::collections::{HashMap, HashSet};
+
+pub(super) async fn create_children(
+    store: &PgStore,
+    specs: &[ChildSpec],
+    chunk: Lease,
+    now: DateTime<Utc>,
+) -> Result<Vec<ChildOutcome>> {
+    let op = "create_children";
+    let Some(first) = specs.first() else {
+        return Ok(Vec::new());
+    };
+    let parent = first.parent_id;
+    let mut seen = HashSet::new();
+    if specs
+        .iter()
+        .any(|c| c.parent_id != parent || !seen.insert(c.idx))
+    {
+        return Err(Error::invalid(
+            "children",
+            format!("job {parent}: one parent and distinct rows per call"),
+        ));
+    }
+    let mut tx = store.begin(op).await?;
+    let done = async {
+        chunk_fence(&mut tx, chunk, op).await?;
+        create_in_tx(&mut tx, parent, specs, now, &store.channel).await
+    }
+    .await;
+    match done {
+        Ok((outcomes, due)) => {
+            tx.commit().await.map_err(Error::db(op))?;
+            if due {
+                store.wake.notify();
+            }
+            Ok(outcomes)
+        }
+        Err(e) => {
+            // Dropping the transaction rolls back if this fails too.
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+/// The rows' decisions and writes on the open transaction; true when a due step action was
+/// enqueued.
+async fn create_in_tx(
+    conn: &mut PgConnection,
+    parent: i64,
+    specs: &[ChildSpec],
+    now: DateTime<Utc>,
+    channel: &str,
+) -> Result<(Vec<ChildOutcome>, bool)> {
+    let op = "create_children";
+    let idxs: Vec<i32> = specs.iter().map(|c| c.idx).collect();
+    // The parent's lock first (see the lock order of `batch`); its status decides below.
+    let parent_row: Option<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, batch_outcome FROM dockhand_jobs WHERE id = $1 FOR UPDATE")
+            .bind(parent)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(Error::db(op))?;
+    let existing: HashMap<i32, i64> = sqlx::query_as::<_, (i32, i64)>(
+        "SELECT child_index, id FROM dockhand_jobs WHERE parent_id = $1 AND child_index = ANY($2)",
+    )
+    .bind(parent)
+    .bind(&idxs)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db(op))?
+    .into_iter()
+    .collect();
+    let rows: HashMap<i32, String> = sqlx::query_as::<_, (i32, String)>(
+        "SELECT idx, state FROM dockhand_worklist
+         WHERE parent_id = $1 AND idx = ANY($2) ORDER BY idx FOR UPDATE",
+    )
+    .bind(parent)
+    .bind(&idxs)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db(op))?
+    .into_iter()
+    .collect();
+    let mut all_tokens: Vec<&str> = specs
+        .iter()
+        .flat_map(|c| c.claim_tokens.iter().map(String::as_str))
+        .collect();
+    all_tokens.sort_unstable();
+    all_tokens.dedup();
+    // The claims still the parent's, locked: no takeover slips in before the hand-over. A
+    // token handed to an earlier row of this call is no longer the parent's for a later one.
+    let mut held: HashSet<String> = sqlx::query_scalar(
+        "SELECT token FROM dockhand_item_claims
+         WHERE token = ANY($2) AND job_id = $1 AND status = 'claimed'
+         ORDER BY token FOR UPDATE",
+    )
+    .bind(parent)
+    .bind(&all_tokens)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db(op))?
+    .into_iter()
+    .collect();
+    let mut outcomes: Vec<Option<ChildOutcome>> = vec![None; specs.len()];
+    let mut create: Vec<(usize, Vec<&String>)> = Vec::new();
+    for (at, c) in specs.iter().enumerate() {
+        let idx = c.idx;
+        if let Some(&child) = existing.get(&idx) {
+            sqlx::query(
+                "UPDATE dockhand_worklist
+                 SET state = 'completed', child_id = $3, lease_owner = NULL, lease_until = NULL
+                 WHERE parent_id = $1 AND idx = $2",
+            )
+            .bind(parent)
+            .bind(idx)
+            .bind(child)
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(op))?;
+            outcomes[at] = Some(ChildOutcome::Adopted(child));
+            continue;
+        }
+        let row = rows.get(&idx);
+        let stopped = refusal(parent, idx, parent_row.as_ref(), row.map(String::as_str))?;
+        let mut tokens: Vec<&String> = c.claim_tokens.iter().collect();
+        tokens.sort_unstable();
+        tokens.dedup();
+        let lost = tokens.iter().filter(|t| !held.contains(t.as_str())).count();
+        let discard = if stopped {
+            Some((
+                DiscardCause::BatchStopped,
+                "batch stopped: no new child".to_string(),
+            ))
+        } else if lost > 0 {
+            Some((
+                DiscardCause::ClaimLost,
+                format!(
+                    "claim lost: {lost} of {} claims are no longer held by the parent",
+                    tokens.len()
+                ),
+            ))
+        } else {
+            None
+        };
+        // A row's claims leave the parent either way (handed over, or released by a discard).
+        for t in &tokens {
+            held.remove(t.as_str());
+        }
+        if let Some((cause, error)) = discard {
+            discard_row(&mut *conn, parent, idx, (&error, 0), op).await?;
+            outcomes[at] = Some(ChildOutcome::Discarded(cause));
+            continue;
+        }
+        create.push((at, tokens));
+    }
+    let mut due = false;
+    if !create.is_empty() {
+        due = insert_children(
+            &mut *conn,
+            parent,
+            specs,
+            &create,
+            &mut outcomes,
+            now,
+            channel,
+        )
+        .await?;
+    }
+    let outcomes = outcomes
+        .into_iter()
+        .map(|o| o.ok_or_else(|| Error::Config(format!("job {parent}: a row got no outcome"))))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((outcomes, due))
+}
+
+/// Inserts the children of `create` (spec position, its claim tokens) with their hand-overs,
+/// rows, counter and step actions; fills their outcomes. True when a step action is due.
+async fn insert_children(
+    conn: &mut PgConnection,
+    parent: i64,
+    specs: &[ChildSpec],
+    create: &[(usize, Vec<&String>)],
+    outcomes: &mut [Option<ChildOutcome>],
+    now: DateTime<Utc>,
+    channel: &str,
+) -> Result<bool> {
+    let op = "create_children";
+    let mut refs = Vec::with_capacity(create.len());
+    for &(at, _) in create {
+        refs.push(
+            serde_json::to_string(&specs[at].input_refs)
+                .map_err(|e| Error::invalid("input_refs", e.to_string()))?,
+        );
+    }
+    let made: Vec<(i64, i32)> = sqlx::query_as(
+        "INSERT INTO dockhand_jobs
+            (pipeline, status, step_index, input_refs, engine_data, engine_version, parent_id,
+             child_index, created_at, updated_at, item_ref, sidecar)
+         SELECT u.p, 'pending', u.s, u.r::jsonb, '{}', 0, $1, w.idx, $2, $2, w.payload_ref,
+                w.sidecar
+         FROM UNNEST($3::int4[], $4::text[], $5::int4[], $6::text[]) WITH ORDINALITY
+              AS u(i, p, s, r, n)
+         JOIN dockhand_worklist w ON w.parent_id = $1 AND w.idx = u.i
+         ORDER BY u.n
+         ON CONFLICT (parent_id, child_index) WHERE parent_id IS NOT NULL DO NOTHING
+         RETURNING id, child_index",
+    )
+    .bind(parent)
+    .bind(ts(now))
+    .bind(
+        create
+            .iter()
+            .map(|&(at, _)| specs[at].idx)
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        create
+            .iter()
+            .map(|&(at, _)| specs[at].pipeline.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        create
+            .iter()
+            .map(|&(at, _)| specs[at].step_index)
+            .collect::<Vec<_>>(),
+    )
+    .bind(&refs)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    let ids: HashMap<i32, i64> = made.into_iter().map(|(id, idx)| (idx, id)).collect();
+    if ids.len() != create.len() {
+        return Err(Error::Config(format!(
+            "job {parent}: {} children inserted for {} rows",
+            ids.len(),
+            create.len()
+        )));
+    }
+    let (mut tokens, mut owners, mut ttls) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut done, mut children) = (Vec::new(), Vec::new());
+    for (at, held) in create {
+        let c = &specs[*at];
+        let child = ids[&c.idx];
+        outcomes[*at] = Some(ChildOutcome::Created(child));
+        done.push(c.idx);
+        children.push(child);
+        for t in held {
+            tokens.push(t.as_str());
+            owners.push(child);
+            ttls.push(c.claim_ttl.num_milliseconds());
+        }
+    }
+    if !tokens.is_empty() {
+        sqlx::query(
+            "UPDATE dockhand_item_claims c
+             SET job_id = m.child,
+                 expires_at = $2 + COALESCE(c.ttl_ms, m.ttl) * INTERVAL '1 millisecond'
+             FROM UNNEST($1::text[], $3::int8[], $4::int8[]) AS m(token, child, ttl)
+             WHERE c.token = m.token AND c.job_id = $5 AND c.status = 'claimed'",
+        )
+        .bind(&tokens)
+        .bind(ts(now))
+        .bind(&owners)
+        .bind(&ttls)
+        .bind(parent)
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::db("create_children (claims)"))?;
+    }
+    sqlx::query(
+        "UPDATE dockhand_worklist w
+         SET state = 'completed', child_id = m.child, lease_owner = NULL, lease_until = NULL
+         FROM UNNEST($2::int4[], $3::int8[]) AS m(idx, child)
+         WHERE w.parent_id = $1 AND w.idx = m.idx",
+    )
+    .bind(parent)
+    .bind(&done)
+    .bind(&children)
+    .execute(&mut *conn)
+    .await
+    .map_err(Error::db("create_children (worklist)"))?;
+    sqlx::query("UPDATE dockhand_jobs SET children_total = children_total + $2 WHERE id = $1")
+        .bind(parent)
+        .bind(create.len() as i64)
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::db("create_children (parent)"))?;
+    let actions: Vec<_> = create
+        .iter()
+        .map(|(at, _)| {
+            let c = &specs[*at];
+            c.step.action(ids[&c.idx], c.step_index, now)
+        })
+        .collect();
+    enqueue_fresh(&mut *conn, &actions, now, Some(channel)).await?;
+    Ok(actions.iter().any(|a| a.scheduled_at <= now))
+}
