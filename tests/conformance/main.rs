@@ -70,6 +70,11 @@ conformance!(
     regression_transient_completion_error_reruns_the_transaction,
     completion_handler_panic_rolls_back_and_is_an_error,
     // Terminal bridge (S-T1 … S-T4), engine data (S-B12), jobs
+    grouped_finish_counts_children_and_enqueues_finalize_once,
+    grouped_finish_leaves_a_final_job_and_finishes_the_others,
+    grouped_finish_claim_failure_falls_back_to_single_finishes,
+    grouped_finish_with_a_lost_lease_leaves_that_job,
+    grouped_start_steps_decide_as_start_step,
     s_t1_every_final_route_passes_the_bridge_once,
     s_t2_finishing_a_final_job_again,
     s_t3_crash_before_delivery_replays_once,
