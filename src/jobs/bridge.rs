@@ -9,7 +9,7 @@
 //! Lifecycle hooks run from the outbox after commit ([`super::engine::Engine::deliver_events`]).
 //!
 //! [`finish_runs`] is the same bridge for several step runs at once (the engine's group commit
-//! of concurrently finishing steps, [`super::grouped`]): one store transaction
+//! of concurrently finishing steps, `jobs::grouped`): one store transaction
 //! ([`crate::Store::finish_jobs`]), each job guarded by its step run's lease; when completing a
 //! claim fails anywhere in the group, every job of it goes through [`finish`] alone instead.
 
