@@ -7,12 +7,12 @@
 use super::batches::{actions, assert_clean, batch_pipeline, children, ok_child, runtime};
 use super::claims::{claims_runtime, failing, tracked, WriteThenFail};
 use crate::harness::TestDb;
-use dockhand::batch::{CHUNK_HOOK, FINALIZE_HOOK};
+use dockhand::batch::{BatchAbort, CHUNK_HOOK, FINALIZE_HOOK};
 use dockhand::claims::CompletionRegistry;
 use dockhand::jobs::bridge::{finish_runs, RunFinished};
 use dockhand::jobs::{BridgeOutcome, FinishRequest, GroupFinished, StepStart, STEP_HOOK};
 use dockhand::store::Lease;
-use dockhand::{Clock, Identity, JobStatus, Jobs};
+use dockhand::{Clock, Identity, JobStatus};
 use serde_json::json;
 use std::sync::Arc;
 
@@ -261,11 +261,10 @@ pub async fn grouped_finish_with_a_lost_lease_leaves_that_job(db: TestDb) {
 }
 
 /// `start_steps` decides as `start_step` does, for a mix: a pending child (started), a
-/// wrong step (stale), a missing job (stale), a fanned-out parent, and a child whose parent
+/// wrong step (stale), a missing job (stale), a fanned-out parent, and children whose parent
 /// an operator stopped.
 pub async fn grouped_start_steps_decide_as_start_step(db: TestDb) {
     let (_rt, parent, kids) = fenced_batch(&db).await;
-    let jobs = Jobs::without_pipelines(db.store.clone(), Arc::new(db.clock.clone()));
     let reqs = vec![
         (kids[1], 1),
         (kids[0], 0),
@@ -295,13 +294,25 @@ pub async fn grouped_start_steps_decide_as_start_step(db: TestDb) {
         single.push(db.store.start_step(*job, *step, now).await.unwrap());
     }
     assert_eq!(single.iter().map(kind).collect::<Vec<_>>(), want);
-    // The operator stops the batch: the pending child left is not started.
-    jobs.cancel(parent).await.unwrap();
-    let after = db.store.start_steps(&[(kids[3], 1)], now).await.unwrap();
+    // The operator's stop marks the batch (the first step of a cancel): a pending child is
+    // not started, in a group as alone.
+    db.store
+        .abort_batch(parent, BatchAbort::cancel(), now)
+        .await
+        .unwrap();
+    let after = db
+        .store
+        .start_steps(&[(kids[3], 1), (kids[0], 1)], now)
+        .await
+        .unwrap();
     let one = db.store.start_step(kids[3], 1, now).await.unwrap();
-    assert_eq!(after.iter().map(kind).collect::<Vec<_>>(), vec![kind(&one)]);
+    assert_eq!(kind(&after[0]), kind(&one));
+    assert_eq!(
+        kind(&after[1]),
+        ("parent_stopped", Some((kids[0], JobStatus::Pending)))
+    );
     assert!(
-        matches!(one, StepStart::ParentStopped(_) | StepStart::Stale),
+        matches!(one, StepStart::ParentStopped(ref j) if j.status == JobStatus::Pending),
         "{one:?}"
     );
 }
