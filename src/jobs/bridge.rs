@@ -141,35 +141,11 @@ pub async fn finish_runs(
     let group = store.finish_jobs(reqs, completions, now).await;
     crate::failpoint::crash("bridge.after_commit");
     match group {
-        Ok(GroupFinished::Committed(outcomes)) if outcomes.len() == reqs.len() => {
-            let mut out = Vec::with_capacity(reqs.len());
-            for (r, o) in reqs.iter().zip(outcomes) {
-                out.push(match o {
-                    BridgeOutcome::Finished => Ok(RunFinished::Done(Finished {
-                        status: r.status,
-                        reason: r.reason.clone(),
-                        changed: true,
-                    })),
-                    BridgeOutcome::AlreadyFinal { status, reason } => {
-                        Ok(RunFinished::Done(Finished {
-                            status,
-                            reason,
-                            changed: false,
-                        }))
-                    }
-                    BridgeOutcome::LeaseLost { action_id, token } => {
-                        Ok(RunFinished::LeaseLost { action_id, token })
-                    }
-                    BridgeOutcome::ClaimCompletionFailed { error } => {
-                        Err(crate::Error::Config(format!(
-                            "job {}: a committed group reported a claim completion failure: {error}",
-                            r.job_id
-                        )))
-                    }
-                });
-            }
-            out
-        }
+        Ok(GroupFinished::Committed(outcomes)) if outcomes.len() == reqs.len() => reqs
+            .iter()
+            .zip(outcomes)
+            .map(|(r, o)| committed(r, o))
+            .collect(),
         Ok(GroupFinished::Committed(outcomes)) => {
             let n = reqs.len();
             let got = outcomes.len();
@@ -194,7 +170,10 @@ pub async fn finish_runs(
     }
 }
 
-/// The fallback of [`finish_runs`]: each job alone through [`finish`].
+/// The fallback of [`finish_runs`]: each job alone. In a group of several, each job is first
+/// finished as a group of one (still guarded by its run's lease); only a job whose claim
+/// completion fails alone (or a group of one) goes through [`finish`], the single path that
+/// re-runs transient failures and downgrades the job to `failed / item_claim_completion_failed`.
 async fn finish_each(
     store: &DynStore,
     completions: &CompletionRegistry,
@@ -203,6 +182,28 @@ async fn finish_each(
 ) -> Vec<Result<RunFinished>> {
     let mut out = Vec::with_capacity(reqs.len());
     for r in reqs {
+        if reqs.len() > 1 {
+            match store
+                .finish_jobs(std::slice::from_ref(r), completions, now)
+                .await
+            {
+                Ok(GroupFinished::Committed(o)) => {
+                    out.push(match o.into_iter().next() {
+                        Some(o) => committed(r, o),
+                        None => Err(crate::Error::Config(format!(
+                            "job {}: finish_jobs answered no outcome",
+                            r.job_id
+                        ))),
+                    });
+                    continue;
+                }
+                Ok(GroupFinished::RolledBack { .. }) => {}
+                Err(e) => {
+                    out.push(Err(e));
+                    continue;
+                }
+            }
+        }
         let done = finish(
             store,
             completions,
@@ -215,4 +216,27 @@ async fn finish_each(
         out.push(done.map(RunFinished::Done));
     }
     out
+}
+
+/// A committed outcome of `r` as a [`RunFinished`].
+fn committed(r: &FinishRequest, outcome: BridgeOutcome) -> Result<RunFinished> {
+    match outcome {
+        BridgeOutcome::Finished => Ok(RunFinished::Done(Finished {
+            status: r.status,
+            reason: r.reason.clone(),
+            changed: true,
+        })),
+        BridgeOutcome::AlreadyFinal { status, reason } => Ok(RunFinished::Done(Finished {
+            status,
+            reason,
+            changed: false,
+        })),
+        BridgeOutcome::LeaseLost { action_id, token } => {
+            Ok(RunFinished::LeaseLost { action_id, token })
+        }
+        BridgeOutcome::ClaimCompletionFailed { error } => Err(crate::Error::Config(format!(
+            "job {}: a committed group reported a claim completion failure: {error}",
+            r.job_id
+        ))),
+    }
 }

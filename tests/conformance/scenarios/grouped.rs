@@ -140,7 +140,8 @@ pub async fn grouped_finish_leaves_a_final_job_and_finishes_the_others(db: TestD
 
 /// One job's claim completion fails: the group writes nothing and says which job; the bridge's
 /// grouped finish then finishes each alone: only that job ends
-/// `failed / item_claim_completion_failed`, the others `completed` with their items processed.
+/// `failed / item_claim_completion_failed`, another `completed`, and one whose step lease was
+/// lost stays unfinished (the fallback keeps the guard).
 pub async fn grouped_finish_claim_failure_falls_back_to_single_finishes(db: TestDb) {
     let rt = claims_runtime(&db).await;
     let mut jobs = Vec::new();
@@ -165,7 +166,16 @@ pub async fn grouped_finish_claim_failure_falls_back_to_single_finishes(db: Test
         assert!(got.is_some());
         jobs.push(job);
     }
-    let reqs: Vec<FinishRequest> = jobs.iter().map(|j| req(*j, JobStatus::Completed)).collect();
+    // The first job's step run lost its lease (another token than the running action's).
+    let lease =
+        super::batch_regressions::claim_as_worker(&db, STEP_HOOK, chrono::Duration::seconds(30))
+            .await;
+    let stale = Lease {
+        id: lease.id,
+        token: lease.token + 1,
+    };
+    let mut reqs: Vec<FinishRequest> = jobs.iter().map(|j| req(*j, JobStatus::Completed)).collect();
+    reqs[0].lease = Some(stale);
     let reg = registry();
     let got = db
         .store
@@ -187,24 +197,29 @@ pub async fn grouped_finish_claim_failure_falls_back_to_single_finishes(db: Test
         );
     }
     let out = finish_runs(&db.store, &reg, &reqs, db.clock.now()).await;
-    let statuses: Vec<(JobStatus, Option<String>)> = out
-        .into_iter()
-        .map(|r| match r.unwrap() {
-            RunFinished::Done(f) => (f.status, f.reason),
-            other => panic!("{other:?}"),
-        })
-        .collect();
+    let out: Vec<RunFinished> = out.into_iter().map(|r| r.unwrap()).collect();
     let downgraded = Some("item_claim_completion_failed".to_string());
+    let done = |status, reason| {
+        RunFinished::Done(dockhand::jobs::bridge::Finished {
+            status,
+            reason,
+            changed: true,
+        })
+    };
     assert_eq!(
-        statuses,
+        out,
         vec![
-            (JobStatus::Completed, None),
-            (JobStatus::Failed, downgraded.clone()),
-            (JobStatus::Completed, None),
-        ]
+            RunFinished::LeaseLost {
+                action_id: stale.id,
+                token: stale.token
+            },
+            done(JobStatus::Failed, downgraded.clone()),
+            done(JobStatus::Completed, None),
+        ],
+        "the fallback keeps the lease guard"
     );
     for (j, want) in jobs.iter().zip([
-        (JobStatus::Completed, None),
+        (JobStatus::Pending, None),
         (JobStatus::Failed, downgraded),
         (JobStatus::Completed, None),
     ]) {
