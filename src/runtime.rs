@@ -259,6 +259,7 @@ impl RuntimeBuilder {
             reprocess: self.reprocess,
             delivers_events: true,
             delivering: tokio::sync::Mutex::new(()),
+            grouped: Default::default(),
         });
         if !engine.pipelines.pipelines.is_empty() {
             let e = Arc::clone(&engine);

@@ -372,6 +372,7 @@ impl Jobs {
             reprocess: None,
             delivers_events: false,
             delivering: tokio::sync::Mutex::new(()),
+            grouped: Default::default(),
         }))
     }
 

@@ -68,6 +68,8 @@ pub struct Engine {
     pub(crate) delivers_events: bool,
     /// Serialises outbox delivery in this process.
     pub(crate) delivering: tokio::sync::Mutex<()>,
+    /// Group commit of concurrently running steps' starts and finishes.
+    pub(crate) grouped: super::grouped::Grouped,
 }
 
 impl std::fmt::Debug for Engine {
@@ -134,11 +136,13 @@ impl Engine {
     /// Runs one `dockhand.job.step` action (the handler the runtime registers for it).
     pub(crate) async fn run_step(self: Arc<Self>, action: ActionContext) -> HandlerResult {
         let (job_id, step) = step_args(&action).map_err(HandlerError::fatal)?;
-        let now = self.clock.now();
+        let lease = Lease {
+            id: action.action_id,
+            token: action.token,
+        };
         // The step boundary (B5, B7): the store decides whether this step may start.
         let job = match self
-            .store
-            .start_step(job_id, step, now)
+            .start_step_grouped(job_id, step)
             .await
             .map_err(HandlerError::retry)?
         {
@@ -157,7 +161,11 @@ impl Engine {
         };
         let Some(pipeline) = self.pipelines.pipelines.get(&job.pipeline).cloned() else {
             return self
-                .unrunnable(job_id, format!("unknown pipeline `{}`", job.pipeline))
+                .unrunnable(
+                    job_id,
+                    lease,
+                    format!("unknown pipeline `{}`", job.pipeline),
+                )
                 .await;
         };
         if let Some(source) = self
@@ -175,6 +183,7 @@ impl Engine {
             return self
                 .unrunnable(
                     job_id,
+                    lease,
                     format!("pipeline `{}` has no step {step}", job.pipeline),
                 )
                 .await;
@@ -183,7 +192,7 @@ impl Engine {
         for r in &job.input_refs {
             let hash = match packets::parse_ref(r) {
                 Ok(h) => h,
-                Err(e) => return self.unrunnable(job_id, e.to_string()).await,
+                Err(e) => return self.unrunnable(job_id, lease, e.to_string()).await,
             };
             let body = self
                 .store
@@ -192,16 +201,10 @@ impl Engine {
                 .map_err(HandlerError::retry)?;
             match packets::verify(r, body) {
                 Ok(v) => inputs.push(v),
-                Err(e) => return self.unrunnable(job_id, e.to_string()).await,
+                Err(e) => return self.unrunnable(job_id, lease, e.to_string()).await,
             }
         }
-        let run = ClaimRun {
-            step,
-            lease: Lease {
-                id: action.action_id,
-                token: action.token,
-            },
-        };
+        let run = ClaimRun { step, lease };
         let ctx = StepContext {
             job_id,
             pipeline: pipeline.name.clone(),
@@ -225,13 +228,17 @@ impl Engine {
         let last = usize::try_from(step + 1).map_or(true, |n| n >= pipeline.steps.len());
         let template = pipeline.step_action();
         match output {
-            StepOutput::Skip => self.finish_from_step(job_id, JobStatus::Skipped).await,
+            StepOutput::Skip => {
+                self.finish_from_step(job_id, lease, JobStatus::Skipped)
+                    .await
+            }
             StepOutput::Packets(p) if p.is_empty() => {
-                self.finish_from_step(job_id, JobStatus::CompletedNoItems)
+                self.finish_from_step(job_id, lease, JobStatus::CompletedNoItems)
                     .await
             }
             StepOutput::Packets(_) if last => {
-                self.finish_from_step(job_id, JobStatus::Completed).await
+                self.finish_from_step(job_id, lease, JobStatus::Completed)
+                    .await
             }
             StepOutput::Packets(p) if p.len() > 1 && !def.inline => {
                 self.fan_out(&job, step, &p, &pipeline).await
@@ -247,26 +254,47 @@ impl Engine {
         }
     }
 
-    async fn unrunnable(&self, job_id: i64, what: String) -> HandlerResult {
+    async fn unrunnable(&self, job_id: i64, lease: Lease, what: String) -> HandlerResult {
         tracing::error!(job_id, %what, "job cannot run");
-        self.finish_from_step_with(job_id, JobStatus::Failed, Some(reason::UNRUNNABLE))
+        self.finish_from_step_with(job_id, lease, JobStatus::Failed, Some(reason::UNRUNNABLE))
             .await
     }
 
+    /// Finishes the job of the step run holding `lease` through the bridge (grouped with
+    /// concurrently finishing steps); nothing when the run lost its lease.
     async fn finish_from_step_with(
         &self,
         job_id: i64,
+        lease: Lease,
         status: JobStatus,
         why: Option<&str>,
     ) -> HandlerResult {
-        self.bridge(job_id, status, why)
+        match self
+            .finish_run(job_id, lease, status, why)
             .await
-            .map(|_| ())
-            .map_err(HandlerError::retry)
+            .map_err(HandlerError::retry)?
+        {
+            bridge::RunFinished::Done(_) => Ok(()),
+            bridge::RunFinished::LeaseLost { action_id, token } => {
+                tracing::warn!(
+                    job_id,
+                    action_id,
+                    token,
+                    "step run lost its lease; its job is not finished by it"
+                );
+                Ok(())
+            }
+        }
     }
 
-    async fn finish_from_step(&self, job_id: i64, status: JobStatus) -> HandlerResult {
-        self.finish_from_step_with(job_id, status, None).await
+    async fn finish_from_step(
+        &self,
+        job_id: i64,
+        lease: Lease,
+        status: JobStatus,
+    ) -> HandlerResult {
+        self.finish_from_step_with(job_id, lease, status, None)
+            .await
     }
 
     /// Stores the packets and hands them to the next step on the same job (or parks it there).

@@ -5,6 +5,7 @@
 //! - `engine`: runs step actions, claims for steps, delivers lifecycle events.
 //! - `bridge`: the terminal bridge, the one writer of final statuses.
 //! - `finish`: the durable follow-up of a step action that failed for good.
+//! - `grouped`: group commit of concurrently running steps' starts and bridge finishes.
 //! - `engine_data`: compare-and-swap mutation of a job's JSON document.
 //! - `packets`: content-addressed step output.
 //! - `api`: the [`api::Jobs`] handle.
@@ -15,6 +16,7 @@ pub mod bridge;
 pub mod engine;
 pub mod engine_data;
 pub mod finish;
+mod grouped;
 pub mod packets;
 pub mod pipeline;
 pub mod scheduled;
@@ -213,6 +215,48 @@ pub enum BridgeOutcome {
     },
     /// Completing a claim failed on the success path; everything was rolled back.
     ClaimCompletionFailed {
+        /// What failed.
+        error: String,
+    },
+    /// Only from [`crate::Store::finish_jobs`]: the finishing step run's lease
+    /// ([`FinishRequest::lease`]) is no longer `running` with its token (a newer run owns the
+    /// step, or the reaper took it): nothing was written for this job.
+    LeaseLost {
+        /// The step action.
+        action_id: i64,
+        /// The token the finishing run held.
+        token: i64,
+    },
+}
+
+/// One job of a [`crate::Store::finish_jobs`] group: what [`crate::Store::finish_job`] gets,
+/// plus, optionally, the lease of the step run that finishes it (an owner-guarded finish).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinishRequest {
+    /// The job.
+    pub job_id: i64,
+    /// Its final status.
+    pub status: JobStatus,
+    /// Its reason.
+    pub reason: Option<String>,
+    /// When set, the job is finished only while this action is still `running` with this
+    /// token; otherwise its outcome is [`BridgeOutcome::LeaseLost`] and nothing is written.
+    pub lease: Option<crate::store::Lease>,
+}
+
+/// What [`crate::Store::finish_jobs`] did with a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupFinished {
+    /// Committed: one outcome per request, in request order (never
+    /// [`BridgeOutcome::ClaimCompletionFailed`]).
+    Committed(Vec<BridgeOutcome>),
+    /// Completing a claim of `job_id` failed (for good or transiently): the whole group was
+    /// rolled back and nothing was written. The caller finishes each job alone through
+    /// [`crate::Store::finish_job`] (the bridge's single path, which re-runs transient
+    /// failures and downgrades this job to `failed / item_claim_completion_failed`).
+    RolledBack {
+        /// The job whose completion failed.
+        job_id: i64,
         /// What failed.
         error: String,
     },

@@ -204,6 +204,13 @@ macro_rules! delegate_store {
             ) -> Result<$crate::jobs::StepStart> {
                 $around!(self, "start_step", self.inner.start_step(job_id, step, now))
             }
+            async fn start_steps(
+                &self,
+                reqs: &[(i64, i32)],
+                now: DateTime<Utc>,
+            ) -> Result<Vec<$crate::jobs::StepStart>> {
+                $around!(self, "start_steps", self.inner.start_steps(reqs, now))
+            }
             async fn advance_job(
                 &self,
                 job_id: i64,
@@ -256,6 +263,18 @@ macro_rules! delegate_store {
                     "finish_job",
                     self.inner
                         .finish_job(job_id, status, reason, completions, now)
+                )
+            }
+            async fn finish_jobs(
+                &self,
+                reqs: &[$crate::jobs::FinishRequest],
+                completions: &CompletionRegistry,
+                now: DateTime<Utc>,
+            ) -> Result<$crate::jobs::GroupFinished> {
+                $around!(
+                    self,
+                    "finish_jobs",
+                    self.inner.finish_jobs(reqs, completions, now)
                 )
             }
             async fn engine_data(&self, job_id: i64) -> Result<Option<(Value, i64)>> {

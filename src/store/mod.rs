@@ -19,8 +19,8 @@ use crate::claims::{
 use crate::error::{Error, Result};
 use crate::jobs::packets::EncodedPacket;
 use crate::jobs::{
-    BridgeOutcome, Job, JobCreated, JobEvent, JobFilter, NewJob, ScheduleGuard, StepAction,
-    StepStart,
+    BridgeOutcome, FinishRequest, GroupFinished, Job, JobCreated, JobEvent, JobFilter, NewJob,
+    ScheduleGuard, StepAction, StepStart,
 };
 use crate::limits::{GroupLimit, GroupLimitInfo};
 use crate::schedule::{PreparedSchedule, Schedule};
@@ -39,6 +39,7 @@ pub mod chaos;
 mod claim_rules;
 mod delegate;
 pub mod faulty;
+mod finish_group;
 pub(crate) mod group_commit;
 pub mod mysql;
 pub mod operator;
@@ -248,6 +249,20 @@ pub trait Store: Send + Sync + 'static {
     /// batch, and its parent's status and outcome; `pending → processing` on `Start`.
     async fn start_step(&self, job_id: i64, step: i32, now: DateTime<Utc>) -> Result<StepStart>;
 
+    /// [`Store::start_step`] for each `(job, step)` of `reqs`, all in ONE transaction (the
+    /// engine's group commit of concurrently started step runs): one decision per request, in
+    /// request order, each the one `start_step` would have made had the requests run one
+    /// after another in that order. Backends lock the job rows in job-id order, so concurrent
+    /// groups cannot deadlock on each other. The default runs `start_step` per request (one
+    /// transaction each).
+    async fn start_steps(&self, reqs: &[(i64, i32)], now: DateTime<Utc>) -> Result<Vec<StepStart>> {
+        let mut out = Vec::with_capacity(reqs.len());
+        for &(job, step) in reqs {
+            out.push(self.start_step(job, step, now).await?);
+        }
+        Ok(out)
+    }
+
     /// In one transaction: compare-and-swap `step_index` from `from_step` to `to_step` (status
     /// must be `processing`), store `input_refs`, and enqueue `step.action(job, to_step, now)`.
     /// False (nothing written) when the job moved on or is no longer processing.
@@ -300,6 +315,55 @@ pub trait Store: Send + Sync + 'static {
         completions: &CompletionRegistry,
         now: DateTime<Utc>,
     ) -> Result<BridgeOutcome>;
+
+    /// Several terminal bridge transitions in ONE transaction (the engine's group commit of
+    /// concurrently finishing step runs). Per request exactly what [`Store::finish_job`] does
+    /// (claims completed or released, the status compare-and-swap, the outbox event), except
+    /// that a batch parent's counters are updated once per parent with the summed deltas of
+    /// its children in the group, and its finalize action is enqueued once if that makes it
+    /// due. A request carrying a [`FinishRequest::lease`] is finished only while that action
+    /// is still `running` with that token; otherwise its outcome is
+    /// [`BridgeOutcome::LeaseLost`] and nothing is written for it (the others go on).
+    ///
+    /// If completing a claim fails for any job (permanently, or transiently: no re-run here),
+    /// the whole group is rolled back and [`GroupFinished::RolledBack`] names the job; the
+    /// caller then finishes each job alone with [`Store::finish_job`] (which re-runs
+    /// transient failures and downgrades a permanent one to
+    /// `failed / item_claim_completion_failed`). A job that does not exist is an error for
+    /// the whole group (nothing written). The default runs `finish_job` per request (one
+    /// transaction each) and refuses leased requests (it has no way to guard them).
+    async fn finish_jobs(
+        &self,
+        reqs: &[FinishRequest],
+        completions: &CompletionRegistry,
+        now: DateTime<Utc>,
+    ) -> Result<GroupFinished> {
+        let mut out = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            if r.lease.is_some() {
+                return Err(Error::invalid(
+                    "finish request",
+                    format!(
+                        "job {}: this store cannot guard a finish by lease",
+                        r.job_id
+                    ),
+                ));
+            }
+            match self
+                .finish_job(r.job_id, r.status, r.reason.as_deref(), completions, now)
+                .await?
+            {
+                BridgeOutcome::ClaimCompletionFailed { error } => {
+                    return Ok(GroupFinished::RolledBack {
+                        job_id: r.job_id,
+                        error,
+                    })
+                }
+                o => out.push(o),
+            }
+        }
+        Ok(GroupFinished::Committed(out))
+    }
 
     /// A job's engine data and its version (E1).
     async fn engine_data(&self, job_id: i64) -> Result<Option<(Value, i64)>>;

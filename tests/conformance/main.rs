@@ -78,6 +78,11 @@ conformance!(
     create_children_adopts_discards_and_creates_in_one_call,
     create_children_of_a_stopped_batch_discards_every_row,
     // Terminal bridge (S-T1 … S-T4), engine data (S-B12), jobs
+    grouped_finish_counts_children_and_enqueues_finalize_once,
+    grouped_finish_leaves_a_final_job_and_finishes_the_others,
+    grouped_finish_claim_failure_falls_back_to_single_finishes,
+    grouped_finish_with_a_lost_lease_leaves_that_job,
+    grouped_start_steps_decide_as_start_step,
     s_t1_every_final_route_passes_the_bridge_once,
     s_t2_finishing_a_final_job_again,
     s_t3_crash_before_delivery_replays_once,

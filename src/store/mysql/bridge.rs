@@ -21,6 +21,7 @@ use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identit
 use crate::error::{Error, Result};
 use crate::jobs::BridgeOutcome;
 use crate::state::JobStatus;
+use crate::store::finish_group::ChildDeltas;
 use chrono::{DateTime, Utc};
 use sqlx::{MySqlConnection, Row};
 
@@ -59,25 +60,75 @@ async fn finish_once(
 ) -> Result<(BridgeOutcome, bool)> {
     let op = "finish_job";
     let mut tx = store.begin(op).await?;
-    let Some(job) = read_job(&mut tx, job_id, true).await? else {
-        tx.rollback().await.map_err(Error::db(op))?;
+    let parent = match finish_in_tx(&mut tx, job_id, status, reason, completions, now).await? {
+        InTx::Finished { parent } => parent,
+        InTx::AlreadyFinal { status, reason } => {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok((BridgeOutcome::AlreadyFinal { status, reason }, false));
+        }
+        InTx::ClaimCompletionFailed { error } => {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok((BridgeOutcome::ClaimCompletionFailed { error }, false));
+        }
+    };
+    let finalize = match (parent, ChildDeltas::of(status)) {
+        (Some(parent), Some(deltas)) => child_finished(&mut tx, parent, deltas, now).await?,
+        _ => false,
+    };
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok((BridgeOutcome::Finished, finalize))
+}
+
+/// What one job's part of a bridge transaction did ([`finish_in_tx`]).
+#[derive(Debug)]
+pub(super) enum InTx {
+    /// Status, claims and event written; the parent's counters are the caller's to bump.
+    Finished {
+        /// The job's batch parent.
+        parent: Option<i64>,
+    },
+    /// The job was final already: nothing written.
+    AlreadyFinal {
+        /// The standing status.
+        status: JobStatus,
+        /// Its reason.
+        reason: Option<String>,
+    },
+    /// A claim completion failed for good: the caller must roll back.
+    ClaimCompletionFailed {
+        /// What failed.
+        error: String,
+    },
+}
+
+/// One job's bridge transition on the open transaction: the job row locked, claims completed
+/// (success) or released (failure), the status compare-and-swap, the outbox event. The
+/// parent's counters are left to the caller (once per parent in a group). A transient
+/// completion failure is the error [`Error::TransientCompletion`]; the caller rolls back.
+pub(super) async fn finish_in_tx(
+    tx: &mut MySqlConnection,
+    job_id: i64,
+    status: JobStatus,
+    reason: Option<&str>,
+    completions: &CompletionRegistry,
+    now: DateTime<Utc>,
+) -> Result<InTx> {
+    let op = "finish_job";
+    let Some(job) = read_job(&mut *tx, job_id, true).await? else {
         return Err(Error::NotFound {
             what: "job",
             id: job_id,
         });
     };
     if job.status.is_final() {
-        tx.rollback().await.map_err(Error::db(op))?;
-        let outcome = BridgeOutcome::AlreadyFinal {
+        return Ok(InTx::AlreadyFinal {
             status: job.status,
             reason: job.reason,
-        };
-        return Ok((outcome, false));
+        });
     }
     if status.is_success() {
-        if let Err(error) = complete_owned_claims(&mut tx, job_id, completions, now).await? {
-            tx.rollback().await.map_err(Error::db(op))?;
-            return Ok((BridgeOutcome::ClaimCompletionFailed { error }, false));
+        if let Err(error) = complete_owned_claims(&mut *tx, job_id, completions, now).await? {
+            return Ok(InTx::ClaimCompletionFailed { error });
         }
     } else {
         sqlx::query("DELETE FROM dockhand_item_claims WHERE job_id = ? AND status = 'claimed'")
@@ -101,7 +152,6 @@ async fn finish_once(
     .map_err(Error::db(op))?;
     if done.rows_affected() != 1 {
         // Unreachable while the row lock holds; never report a write that did not happen.
-        tx.rollback().await.map_err(Error::db(op))?;
         return Err(Error::Config(format!(
             "finish_job: job {job_id} changed under its row lock"
         )));
@@ -122,12 +172,9 @@ async fn finish_once(
     .execute(&mut *tx)
     .await
     .map_err(Error::db("finish_job (event)"))?;
-    let finalize = match job.parent_id {
-        Some(parent) => child_finished(&mut tx, parent, status, now).await?,
-        None => false,
-    };
-    tx.commit().await.map_err(Error::db(op))?;
-    Ok((BridgeOutcome::Finished, finalize))
+    Ok(InTx::Finished {
+        parent: job.parent_id,
+    })
 }
 
 /// Completes every claim `job_id` still holds, in id order (locking each), running each one's

@@ -334,68 +334,80 @@ pub(super) async fn start_step(
     let op = "start_step";
     retry_deadlocks(op, move || async move {
         let mut tx = store.begin(op).await?;
-        let Some(mut job) = read_job(&mut tx, job_id, true).await? else {
-            tx.rollback().await.map_err(Error::db(op))?;
-            return Ok(StepStart::Stale);
-        };
-        // The job's batch and its parent's stop, the parent in share mode: an operator's stop
-        // (which locks it for update) and this start are ordered, so a child either started
-        // before the stop committed or sees it.
-        let row = sqlx::query(
-            "SELECT CAST(j.batch_state IS NOT NULL AS SIGNED) AS fanned_out,
-                    p.status AS parent_status, p.batch_outcome AS parent_outcome
-             FROM dockhand_jobs j LEFT JOIN dockhand_jobs p ON p.id = j.parent_id
-             WHERE j.id = ? LOCK IN SHARE MODE",
-        )
-        .bind(job_id)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(Error::db(op))?;
-        let fanned_out: i64 = row.try_get("fanned_out").map_err(Error::db(op))?;
-        let parent = match (job.parent_id, opt_text(&row, "parent_status")?) {
-            (Some(p), Some(status)) => {
-                let status = status.parse::<JobStatus>().map_err(|e| Error::Corrupt {
-                    what: "job",
-                    id: p,
-                    message: e.to_string(),
-                })?;
-                Some((status, opt_text(&row, "parent_outcome")?))
-            }
-            _ => None,
-        };
-        let view = parent.as_ref().map(|(status, outcome)| ParentView {
-            status: *status,
-            outcome: outcome.as_deref(),
-        });
-        let result = match step_gate(job.status, job.step_index == step, fanned_out != 0, view) {
-            StepGate::Stale => StepStart::Stale,
-            StepGate::ParentStopped => StepStart::ParentStopped(job),
-            StepGate::FannedOut => StepStart::FannedOut(job),
-            StepGate::Run => StepStart::Run(job),
-            StepGate::Start => {
-                let done = sqlx::query(
-                    "UPDATE dockhand_jobs SET status = 'processing', updated_at = ?
-                     WHERE id = ? AND step_index = ? AND status = 'pending'",
-                )
-                .bind(ms(now))
-                .bind(job_id)
-                .bind(step)
-                .execute(&mut *tx)
-                .await
-                .map_err(Error::db(op))?;
-                if done.rows_affected() == 1 {
-                    job.status = JobStatus::Processing;
-                    job.updated_at = crate::clock::to_millis(now);
-                    StepStart::Run(job)
-                } else {
-                    StepStart::Stale
-                }
-            }
-        };
+        let result = start_in_tx(&mut tx, job_id, step, now).await?;
         tx.commit().await.map_err(Error::db(op))?;
         Ok(result)
     })
     .await
+}
+
+/// [`start_step`]'s decision and write on an open transaction (also run per request by
+/// [`super::grouped::start_steps`]).
+pub(super) async fn start_in_tx(
+    tx: &mut MySqlConnection,
+    job_id: i64,
+    step: i32,
+    now: DateTime<Utc>,
+) -> Result<StepStart> {
+    let op = "start_step";
+    let Some(mut job) = read_job(&mut *tx, job_id, true).await? else {
+        return Ok(StepStart::Stale);
+    };
+    // The job's batch and its parent's stop, the parent in share mode: an operator's stop
+    // (which locks it for update) and this start are ordered, so a child either started
+    // before the stop committed or sees it.
+    let row = sqlx::query(
+        "SELECT CAST(j.batch_state IS NOT NULL AS SIGNED) AS fanned_out,
+                p.status AS parent_status, p.batch_outcome AS parent_outcome
+         FROM dockhand_jobs j LEFT JOIN dockhand_jobs p ON p.id = j.parent_id
+         WHERE j.id = ? LOCK IN SHARE MODE",
+    )
+    .bind(job_id)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    let fanned_out: i64 = row.try_get("fanned_out").map_err(Error::db(op))?;
+    let parent = match (job.parent_id, opt_text(&row, "parent_status")?) {
+        (Some(p), Some(status)) => {
+            let status = status.parse::<JobStatus>().map_err(|e| Error::Corrupt {
+                what: "job",
+                id: p,
+                message: e.to_string(),
+            })?;
+            Some((status, opt_text(&row, "parent_outcome")?))
+        }
+        _ => None,
+    };
+    let view = parent.as_ref().map(|(status, outcome)| ParentView {
+        status: *status,
+        outcome: outcome.as_deref(),
+    });
+    let result = match step_gate(job.status, job.step_index == step, fanned_out != 0, view) {
+        StepGate::Stale => StepStart::Stale,
+        StepGate::ParentStopped => StepStart::ParentStopped(job),
+        StepGate::FannedOut => StepStart::FannedOut(job),
+        StepGate::Run => StepStart::Run(job),
+        StepGate::Start => {
+            let done = sqlx::query(
+                "UPDATE dockhand_jobs SET status = 'processing', updated_at = ?
+                 WHERE id = ? AND step_index = ? AND status = 'pending'",
+            )
+            .bind(ms(now))
+            .bind(job_id)
+            .bind(step)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
+            if done.rows_affected() == 1 {
+                job.status = JobStatus::Processing;
+                job.updated_at = crate::clock::to_millis(now);
+                StepStart::Run(job)
+            } else {
+                StepStart::Stale
+            }
+        }
+    };
+    Ok(result)
 }
 
 pub(super) async fn advance_job(

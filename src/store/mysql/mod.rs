@@ -34,6 +34,7 @@ mod enqueue;
 mod fence;
 mod finish;
 mod gauges;
+mod grouped;
 mod jobs;
 pub mod ledger;
 mod limits;
@@ -287,6 +288,14 @@ impl Store for MySqlStore {
         jobs::start_step(self, job_id, step, now).await
     }
 
+    async fn start_steps(
+        &self,
+        reqs: &[(i64, i32)],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<crate::jobs::StepStart>> {
+        grouped::start_steps(self, reqs, now).await
+    }
+
     async fn advance_job(
         &self,
         job_id: i64,
@@ -323,6 +332,15 @@ impl Store for MySqlStore {
         now: DateTime<Utc>,
     ) -> Result<BridgeOutcome> {
         bridge::finish_job(self, job_id, status, reason, completions, now).await
+    }
+
+    async fn finish_jobs(
+        &self,
+        reqs: &[crate::jobs::FinishRequest],
+        completions: &CompletionRegistry,
+        now: DateTime<Utc>,
+    ) -> Result<crate::jobs::GroupFinished> {
+        grouped::finish_jobs(self, reqs, completions, now).await
     }
 
     async fn engine_data(&self, job_id: i64) -> Result<Option<(Value, i64)>> {

@@ -24,6 +24,7 @@ use crate::claims::{
 use crate::error::{Error, Result};
 use crate::jobs::BridgeOutcome;
 use crate::state::JobStatus;
+use crate::store::finish_group::ChildDeltas;
 use crate::store::rerun::rerun_transaction;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -64,6 +65,71 @@ async fn finish_once(
 ) -> Result<BridgeOutcome> {
     let op = "finish_job";
     let mut tx = store.begin(op).await?;
+    let parent = match finish_in_tx(&mut tx, job_id, status, reason, completions, now).await? {
+        InTx::Finished { parent } => parent,
+        InTx::AlreadyFinal { status, reason } => {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok(BridgeOutcome::AlreadyFinal { status, reason });
+        }
+        InTx::ClaimCompletionFailed { error } => {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok(BridgeOutcome::ClaimCompletionFailed { error });
+        }
+    };
+    let finalize = match parent {
+        Some(parent) => {
+            let deltas = ChildDeltas::of(status).ok_or_else(|| {
+                Error::invalid(
+                    "job status",
+                    format!("cannot count child {job_id} as {status}: not a final status"),
+                )
+            })?;
+            count_children(&mut tx, store, parent, deltas, now).await?
+        }
+        None => false,
+    };
+    tx.commit().await.map_err(Error::db(op))?;
+    if finalize {
+        store.wake.notify();
+    }
+    Ok(BridgeOutcome::Finished)
+}
+
+/// What one job's part of a bridge transaction did ([`finish_in_tx`]).
+#[derive(Debug)]
+pub(super) enum InTx {
+    /// Status, claims and event written; the parent's counters are the caller's to bump.
+    Finished {
+        /// The job's batch parent.
+        parent: Option<i64>,
+    },
+    /// The job was final already: nothing written.
+    AlreadyFinal {
+        /// The standing status.
+        status: JobStatus,
+        /// Its reason.
+        reason: Option<String>,
+    },
+    /// A claim completion failed for good: the caller must roll back.
+    ClaimCompletionFailed {
+        /// What failed.
+        error: String,
+    },
+}
+
+/// One job's bridge transition on the open transaction: the job row locked, claims completed
+/// (success) or released (failure), the status compare-and-swap, the outbox event. The
+/// parent's counters are left to the caller (once per parent in a group). A transient
+/// completion failure is the error [`Error::TransientCompletion`]; the caller rolls back.
+pub(super) async fn finish_in_tx(
+    tx: &mut PgConnection,
+    job_id: i64,
+    status: JobStatus,
+    reason: Option<&str>,
+    completions: &CompletionRegistry,
+    now: DateTime<Utc>,
+) -> Result<InTx> {
+    let op = "finish_job";
     let row =
         sqlx::query("SELECT status, reason, parent_id FROM dockhand_jobs WHERE id = $1 FOR UPDATE")
             .bind(job_id)
@@ -71,7 +137,6 @@ async fn finish_once(
             .await
             .map_err(Error::db(op))?;
     let Some(row) = row else {
-        tx.rollback().await.map_err(Error::db(op))?;
         return Err(Error::NotFound {
             what: "job",
             id: job_id,
@@ -85,16 +150,14 @@ async fn finish_once(
     })?;
     if current.is_final() {
         let standing: Option<String> = row.try_get("reason").map_err(Error::db(op))?;
-        tx.rollback().await.map_err(Error::db(op))?;
-        return Ok(BridgeOutcome::AlreadyFinal {
+        return Ok(InTx::AlreadyFinal {
             status: current,
             reason: standing,
         });
     }
     if status.is_success() {
-        if let Err(error) = complete_claims(&mut tx, job_id, completions, now).await? {
-            tx.rollback().await.map_err(Error::db(op))?;
-            return Ok(BridgeOutcome::ClaimCompletionFailed { error });
+        if let Err(error) = complete_claims(&mut *tx, job_id, completions, now).await? {
+            return Ok(InTx::ClaimCompletionFailed { error });
         }
     } else {
         sqlx::query("DELETE FROM dockhand_item_claims WHERE job_id = $1 AND status = 'claimed'")
@@ -117,7 +180,6 @@ async fn finish_once(
     .map_err(Error::db(op))?;
     if done.rows_affected() != 1 {
         // Unreachable while the row lock holds; never report a write that did not happen.
-        tx.rollback().await.map_err(Error::db(op))?;
         return Err(Error::Config(format!(
             "job {job_id} changed under its row lock while finishing it"
         )));
@@ -139,52 +201,38 @@ async fn finish_once(
     .await
     .map_err(Error::db("finish_job (event)"))?;
     let parent: Option<i64> = row.try_get("parent_id").map_err(Error::db(op))?;
-    let finalize = match parent {
-        Some(parent) => count_child(&mut tx, store, parent, job_id, status, now).await?,
-        None => false,
-    };
-    tx.commit().await.map_err(Error::db(op))?;
-    if finalize {
-        store.wake.notify();
-    }
-    Ok(BridgeOutcome::Finished)
+    Ok(InTx::Finished { parent })
 }
 
-/// The parent counter a child's final status adds to.
-fn child_counter(status: JobStatus) -> Option<&'static str> {
-    match status {
-        JobStatus::Completed => Some("children_completed"),
-        JobStatus::Failed | JobStatus::Cancelled => Some("children_failed"),
-        JobStatus::Skipped | JobStatus::CompletedNoItems => Some("children_skipped"),
-        JobStatus::Pending | JobStatus::Processing | JobStatus::Waiting => None,
-    }
-}
-
-/// Counts the finished child `job_id` on its parent, on the bridge's transaction; enqueues the
-/// parent's finalize action when the parent is fenced, every child is now terminal and the
-/// parent is not final. Returns whether it enqueued.
-async fn count_child(
+/// Counts finished children of `parent` (one, or a group's, summed in `deltas`) on the
+/// bridge's transaction, in one update; enqueues the parent's finalize action when the parent
+/// is fenced, every child is now terminal and the parent is not final. Returns whether it
+/// enqueued.
+pub(super) async fn count_children(
     conn: &mut PgConnection,
     store: &PgStore,
     parent: i64,
-    job_id: i64,
-    status: JobStatus,
+    deltas: ChildDeltas,
     now: DateTime<Utc>,
 ) -> Result<bool> {
     let op = "finish_job (parent counters)";
-    let counter = child_counter(status).ok_or_else(|| {
-        Error::invalid(
-            "job status",
-            format!("cannot count child {job_id} as {status}: not a final status"),
-        )
-    })?;
-    let row = sqlx::query(&format!(
+    if deltas.terminal() == 0 {
+        return Ok(false);
+    }
+    let row = sqlx::query(
         "UPDATE dockhand_jobs
-         SET children_terminal = children_terminal + 1, {counter} = {counter} + 1
+         SET children_terminal = children_terminal + $2,
+             children_completed = children_completed + $3,
+             children_failed = children_failed + $4,
+             children_skipped = children_skipped + $5
          WHERE id = $1
-         RETURNING batch_state, children_terminal, children_total, status"
-    ))
+         RETURNING batch_state, children_terminal, children_total, status",
+    )
     .bind(parent)
+    .bind(i32::try_from(deltas.terminal()).unwrap_or(i32::MAX))
+    .bind(i32::try_from(deltas.completed).unwrap_or(i32::MAX))
+    .bind(i32::try_from(deltas.failed).unwrap_or(i32::MAX))
+    .bind(i32::try_from(deltas.skipped).unwrap_or(i32::MAX))
     .fetch_optional(&mut *conn)
     .await
     .map_err(Error::db(op))?;

@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
-use sqlx::{Postgres, QueryBuilder, Row};
+use sqlx::{PgConnection, Postgres, QueryBuilder, Row};
 
 /// Page size when a filter's (or an event batch's) limit is 0.
 const DEFAULT_LIMIT: i64 = 100;
@@ -258,6 +258,20 @@ pub(super) async fn start_step(
 ) -> Result<StepStart> {
     let op = "start_step";
     let mut tx = store.begin(op).await?;
+    let started = start_in_tx(&mut tx, job_id, step, now).await?;
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok(started)
+}
+
+/// [`start_step`]'s decision and write on an open transaction (also run per request by
+/// [`super::grouped::start_steps`]).
+pub(super) async fn start_in_tx(
+    tx: &mut PgConnection,
+    job_id: i64,
+    step: i32,
+    now: DateTime<Utc>,
+) -> Result<StepStart> {
+    let op = "start_step";
     let row = sqlx::query(&format!(
         "SELECT {COLUMNS}, batch_state IS NOT NULL AS fanned_out
          FROM dockhand_jobs WHERE id = $1 FOR UPDATE"
@@ -267,7 +281,6 @@ pub(super) async fn start_step(
     .await
     .map_err(Error::db(op))?;
     let Some(row) = row else {
-        tx.rollback().await.map_err(Error::db(op))?;
         return Ok(StepStart::Stale);
     };
     let job = job_from_row(&row)?;
@@ -308,7 +321,6 @@ pub(super) async fn start_step(
             StepStart::Run(job_from_row(&row)?)
         }
     };
-    tx.commit().await.map_err(Error::db(op))?;
     Ok(started)
 }
 

@@ -7,13 +7,14 @@
 
 use super::claims::{config_from, settle};
 use super::fence::child_finished;
-use super::jobs::{get_job, read_job};
+use super::jobs::read_job;
 use super::{ms, SqliteStore};
 use crate::claims::completion::run_in_tx;
 use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identity};
 use crate::error::{Error, Result};
 use crate::jobs::BridgeOutcome;
 use crate::state::JobStatus;
+use crate::store::finish_group::ChildDeltas;
 use crate::store::rerun::rerun_transaction;
 use chrono::{DateTime, Utc};
 use sqlx::{Row, SqliteConnection};
@@ -48,24 +49,77 @@ async fn finish_once(
     now: DateTime<Utc>,
 ) -> Result<BridgeOutcome> {
     let mut tx = store.begin_write("finish_job").await?;
-    let Some(job) = read_job(&mut tx, job_id).await? else {
-        tx.rollback().await.map_err(Error::db("finish_job"))?;
+    let parent = match finish_in_tx(&mut tx, job_id, status, reason, completions, now).await? {
+        InTx::Finished { parent } => parent,
+        InTx::AlreadyFinal { status, reason } => {
+            tx.rollback().await.map_err(Error::db("finish_job"))?;
+            return Ok(BridgeOutcome::AlreadyFinal { status, reason });
+        }
+        InTx::ClaimCompletionFailed { error } => {
+            tx.rollback().await.map_err(Error::db("finish_job"))?;
+            return Ok(BridgeOutcome::ClaimCompletionFailed { error });
+        }
+    };
+    let finalize = match (parent, ChildDeltas::of(status)) {
+        (Some(parent), Some(deltas)) => child_finished(&mut tx, parent, deltas, now).await?,
+        _ => false,
+    };
+    tx.commit().await.map_err(Error::db("finish_job"))?;
+    if finalize {
+        store.wake.notify();
+    }
+    Ok(BridgeOutcome::Finished)
+}
+
+/// What one job's part of a bridge transaction did ([`finish_in_tx`]).
+#[derive(Debug)]
+pub(super) enum InTx {
+    /// Status, claims and event written; the parent's counters are the caller's to bump.
+    Finished {
+        /// The job's batch parent.
+        parent: Option<i64>,
+    },
+    /// The job was final already: nothing written.
+    AlreadyFinal {
+        /// The standing status.
+        status: JobStatus,
+        /// Its reason.
+        reason: Option<String>,
+    },
+    /// A claim completion failed for good: the caller must roll back.
+    ClaimCompletionFailed {
+        /// What failed.
+        error: String,
+    },
+}
+
+/// One job's bridge transition on the open write transaction: claims completed (success) or
+/// released (failure), the status compare-and-swap, the outbox event. The parent's counters
+/// are left to the caller (once per parent in a group). A transient completion failure is the
+/// error [`Error::TransientCompletion`]; the caller rolls back.
+pub(super) async fn finish_in_tx(
+    tx: &mut SqliteConnection,
+    job_id: i64,
+    status: JobStatus,
+    reason: Option<&str>,
+    completions: &CompletionRegistry,
+    now: DateTime<Utc>,
+) -> Result<InTx> {
+    let Some(job) = read_job(&mut *tx, job_id).await? else {
         return Err(Error::NotFound {
             what: "job",
             id: job_id,
         });
     };
     if job.status.is_final() {
-        tx.rollback().await.map_err(Error::db("finish_job"))?;
-        return Ok(BridgeOutcome::AlreadyFinal {
+        return Ok(InTx::AlreadyFinal {
             status: job.status,
             reason: job.reason,
         });
     }
     if status.is_success() {
-        if let Err(error) = complete_owned_claims(&mut tx, job_id, completions, now).await? {
-            tx.rollback().await.map_err(Error::db("finish_job"))?;
-            return Ok(BridgeOutcome::ClaimCompletionFailed { error });
+        if let Err(error) = complete_owned_claims(&mut *tx, job_id, completions, now).await? {
+            return Ok(InTx::ClaimCompletionFailed { error });
         }
     } else {
         sqlx::query("DELETE FROM dockhand_item_claims WHERE job_id = ? AND status = 'claimed'")
@@ -88,16 +142,10 @@ async fn finish_once(
     .await
     .map_err(Error::db("finish_job"))?;
     if done.rows_affected() != 1 {
-        tx.rollback().await.map_err(Error::db("finish_job"))?;
-        return match get_job(store, job_id).await? {
-            Some(j) if j.status.is_final() => Ok(BridgeOutcome::AlreadyFinal {
-                status: j.status,
-                reason: j.reason,
-            }),
-            _ => Err(Error::Config(format!(
-                "finish_job: job {job_id} changed under the write lock"
-            ))),
-        };
+        // Unreachable under the write lock; never report a write that did not happen.
+        return Err(Error::Config(format!(
+            "finish_job: job {job_id} changed under the write lock"
+        )));
     }
     // One event per job (unique job_id). The bridge writes it only when it moved the job to
     // its final status, so a row already there (left by an edited row) describes no finish
@@ -115,15 +163,9 @@ async fn finish_once(
     .execute(&mut *tx)
     .await
     .map_err(Error::db("finish_job (event)"))?;
-    let finalize = match job.parent_id {
-        Some(parent) => child_finished(&mut tx, parent, status, now).await?,
-        None => false,
-    };
-    tx.commit().await.map_err(Error::db("finish_job"))?;
-    if finalize {
-        store.wake.notify();
-    }
-    Ok(BridgeOutcome::Finished)
+    Ok(InTx::Finished {
+        parent: job.parent_id,
+    })
 }
 
 /// Completes every claim `job_id` still holds, oldest first, running each one's handler on the

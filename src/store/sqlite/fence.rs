@@ -13,6 +13,7 @@ use crate::batch::{
 };
 use crate::error::{Error, Result};
 use crate::state::JobStatus;
+use crate::store::finish_group::ChildDeltas;
 use chrono::{DateTime, Utc};
 use sqlx::{Row, SqliteConnection};
 
@@ -324,29 +325,32 @@ pub(super) async fn cleanup_worklist(store: &SqliteStore, parent: i64) -> Result
     Ok(done.rows_affected())
 }
 
-/// In the bridge's transaction, after a child of `parent` became final with `status`: bumps
-/// the parent's terminal counter and the one for `status`, and enqueues the parent's finalize
+/// In the bridge's transaction, after children of `parent` became final (one, or a group's,
+/// summed in `deltas`): bumps the parent's terminal counter and the ones per status, once,
+/// and enqueues the parent's finalize
 /// action when its fence is set, every child is terminal and it is not final. Returns whether
 /// a due finalize action was enqueued (the caller wakes runners after its commit).
 pub(super) async fn child_finished(
     conn: &mut SqliteConnection,
     parent: i64,
-    status: JobStatus,
+    deltas: ChildDeltas,
     now: DateTime<Utc>,
 ) -> Result<bool> {
-    let column = match status {
-        JobStatus::Completed => "children_completed",
-        JobStatus::Failed | JobStatus::Cancelled => "children_failed",
-        JobStatus::Skipped | JobStatus::CompletedNoItems => "children_skipped",
-        JobStatus::Pending | JobStatus::Processing | JobStatus::Waiting => return Ok(false),
-    };
+    if deltas.terminal() == 0 {
+        return Ok(false);
+    }
     let op = "finish_job (parent counters)";
-    let row: Option<(String, Option<String>, i64, i64)> = sqlx::query_as(&format!(
+    let row: Option<(String, Option<String>, i64, i64)> = sqlx::query_as(
         "UPDATE dockhand_jobs
-         SET children_terminal = children_terminal + 1, {column} = {column} + 1
+         SET children_terminal = children_terminal + ?, children_completed = children_completed + ?,
+             children_failed = children_failed + ?, children_skipped = children_skipped + ?
          WHERE id = ?
-         RETURNING status, batch_state, children_total, children_terminal"
-    ))
+         RETURNING status, batch_state, children_total, children_terminal",
+    )
+    .bind(deltas.terminal())
+    .bind(deltas.completed)
+    .bind(deltas.failed)
+    .bind(deltas.skipped)
     .bind(parent)
     .fetch_optional(&mut *conn)
     .await

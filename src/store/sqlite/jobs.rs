@@ -266,8 +266,21 @@ pub(super) async fn start_step(
 ) -> Result<StepStart> {
     let op = "start_step";
     let mut tx = store.begin_write(op).await?;
-    let Some(mut job) = read_job(&mut tx, job_id).await? else {
-        tx.rollback().await.map_err(Error::db(op))?;
+    let result = start_in_tx(&mut tx, job_id, step, now).await?;
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok(result)
+}
+
+/// [`start_step`]'s decision and write on an open write transaction (also run per request by
+/// [`super::grouped::start_steps`]).
+pub(super) async fn start_in_tx(
+    tx: &mut SqliteConnection,
+    job_id: i64,
+    step: i32,
+    now: DateTime<Utc>,
+) -> Result<StepStart> {
+    let op = "start_step";
+    let Some(mut job) = read_job(&mut *tx, job_id).await? else {
         return Ok(StepStart::Stale);
     };
     // The job's batch and its parent's stop, under the same write lock as the transition.
@@ -314,7 +327,6 @@ pub(super) async fn start_step(
             }
         }
     };
-    tx.commit().await.map_err(Error::db(op))?;
     Ok(result)
 }
 

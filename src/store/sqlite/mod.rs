@@ -37,6 +37,7 @@ mod fence;
 mod fence_tests;
 mod finish;
 mod gauges;
+mod grouped;
 mod jobs;
 pub mod ledger;
 mod limits;
@@ -312,6 +313,14 @@ impl Store for SqliteStore {
         jobs::start_step(self, job_id, step, now).await
     }
 
+    async fn start_steps(
+        &self,
+        reqs: &[(i64, i32)],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<crate::jobs::StepStart>> {
+        grouped::start_steps(self, reqs, now).await
+    }
+
     async fn advance_job(
         &self,
         job_id: i64,
@@ -348,6 +357,15 @@ impl Store for SqliteStore {
         now: DateTime<Utc>,
     ) -> Result<BridgeOutcome> {
         bridge::finish_job(self, job_id, status, reason, completions, now).await
+    }
+
+    async fn finish_jobs(
+        &self,
+        reqs: &[crate::jobs::FinishRequest],
+        completions: &CompletionRegistry,
+        now: DateTime<Utc>,
+    ) -> Result<crate::jobs::GroupFinished> {
+        grouped::finish_jobs(self, reqs, completions, now).await
     }
 
     async fn engine_data(&self, job_id: i64) -> Result<Option<(Value, i64)>> {

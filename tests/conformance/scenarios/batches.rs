@@ -379,8 +379,9 @@ pub async fn s_b9_parent_finish_fails_then_completes_once(db: TestDb) {
     let faulty = FaultyStore::wrap(db.store.clone());
     let rt = runtime(&db, faulty.clone(), batch_pipeline(3, 10, ok_child)).await;
     let parent = rt.jobs().start("batch", json!({})).await.unwrap();
-    // finish_job calls: 3 children, then the parent's (from the finalize action).
-    faulty.fail_nth("finish_job", 4, FaultMode::FailBefore);
+    // The children finish from their steps (`finish_jobs`); the parent's finish (from the
+    // finalize action) is the first `finish_job` call.
+    faulty.fail_nth("finish_job", 1, FaultMode::FailBefore);
     rt.drain(1000).await.unwrap();
     for k in children(&rt, parent).await {
         assert_eq!(k.status, JobStatus::Completed, "children stay complete");

@@ -50,7 +50,7 @@ async fn faulty_runtime(
 pub async fn fault_bridge_fails_before_then_retry_finishes_once(db: TestDb) {
     let events = Arc::default();
     let (rt, faulty) = faulty_runtime(&db, &events).await;
-    faulty.fail_nth("finish_job", 1, FaultMode::FailBefore);
+    faulty.fail_nth("finish_jobs", 1, FaultMode::FailBefore);
     let job = rt.jobs().start("one", json!({})).await.unwrap();
     rt.drain(10).await.unwrap();
     assert_eq!(
@@ -86,7 +86,7 @@ pub async fn fault_bridge_fails_before_then_retry_finishes_once(db: TestDb) {
 pub async fn fault_bridge_commits_but_ack_lost(db: TestDb) {
     let events = Arc::default();
     let (rt, faulty) = faulty_runtime(&db, &events).await;
-    faulty.fail_nth("finish_job", 1, FaultMode::ExecuteThenFail);
+    faulty.fail_nth("finish_jobs", 1, FaultMode::ExecuteThenFail);
     let job = rt.jobs().start("one", json!({})).await.unwrap();
     rt.drain(10).await.unwrap();
     assert_eq!(

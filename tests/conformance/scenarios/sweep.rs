@@ -52,8 +52,10 @@ pub const SWEPT: &[&str] = &[
     "put_packets",
     "create_job",
     "start_step",
+    "start_steps",
     "advance_job",
     "finish_job",
+    "finish_jobs",
     "claim_item",
     "claim_items",
     "complete_claim",
@@ -82,6 +84,7 @@ pub const FIRST_OF_TWO: &[&str] = &[
     "fence_batch",
     "abort_batch",
     "finish_job",
+    "finish_jobs",
     "fan_out",
 ];
 
@@ -93,11 +96,12 @@ pub const INTERLEAVED: &[&str] = &[
     "create_children",
     "settle_work",
     "start_step",
+    "start_steps",
 ];
 
 /// The writes a failure route makes (re-arming an action, finishing a job through the
 /// bridge, failing a batch): each gets the second fault of a [`Point::Double`].
-pub const RECOVERY: &[&str] = &["finish_job", "schedule_chunk"];
+pub const RECOVERY: &[&str] = &["finish_job", "finish_jobs", "schedule_chunk"];
 
 /// Methods whose caller tells a transient error from another and retries it in place (the
 /// runner's action finish, the chunk enqueue, a completion handler's claim transaction): only
