@@ -218,8 +218,8 @@ pub(super) async fn batch_group(conn: &mut PgConnection, parent: i64) -> Result<
 }
 
 /// Inserts actions whose unique keys no active action can hold (a fresh child's step actions)
-/// on an open transaction, one statement per [`BULK_CHUNK`], with their `created` log rows
-/// and, when one is due, the `pg_notify`. A key held after all (a leftover) is skipped, as
+/// on an open transaction, one statement per [`BULK_CHUNK`], and, when one is due, the
+/// `pg_notify`. A key held after all (a leftover) is skipped, as
 /// `ON CONFLICT … DO NOTHING`. Returns how many were inserted.
 pub(super) async fn enqueue_fresh(
     conn: &mut PgConnection,
