@@ -29,6 +29,27 @@ pub struct ActionContext {
     pub token: i64,
     /// The queue, to enqueue follow-up work.
     pub queue: Queue,
+    /// Set when the handler's own store transaction completed this action (a pipeline step
+    /// finishing its job acknowledges its step action in the bridge's transaction): the runner
+    /// then writes no acknowledgement of its own.
+    pub(crate) settled: Settled,
+}
+
+/// Whether a run's action was completed by its handler's own store write
+/// ([`ActionContext::settled`]). Cloned into the handler; the runner reads it after the run.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Settled(Arc<std::sync::atomic::AtomicBool>);
+
+impl Settled {
+    /// The action was completed in a committed transaction of the handler's.
+    pub(crate) fn mark(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether [`Self::mark`] was called.
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 /// How a handler run can end other than success.

@@ -113,7 +113,14 @@ fn unguarded_lease_lost(job_id: i64) -> crate::Error {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunFinished {
     /// The bridge ran: see [`Finished`].
-    Done(Finished),
+    Done {
+        /// What the bridge did with the job.
+        finished: Finished,
+        /// Whether the request's step action was completed in the same transaction
+        /// ([`FinishRequest::complete_run`]); false when the job was finished alone through
+        /// [`finish`] (the fallback), which leaves the acknowledgement to the runner.
+        run_completed: bool,
+    },
     /// The run no longer holds its step action's lease: nothing was written for its job (a
     /// newer run of the step, or the reaper's follow-up, owns it now).
     LeaseLost {
@@ -213,7 +220,10 @@ async fn finish_each(
             now,
         )
         .await;
-        out.push(done.map(RunFinished::Done));
+        out.push(done.map(|finished| RunFinished::Done {
+            finished,
+            run_completed: false,
+        }));
     }
     out
 }
@@ -221,16 +231,22 @@ async fn finish_each(
 /// A committed outcome of `r` as a [`RunFinished`].
 fn committed(r: &FinishRequest, outcome: BridgeOutcome) -> Result<RunFinished> {
     match outcome {
-        BridgeOutcome::Finished => Ok(RunFinished::Done(Finished {
-            status: r.status,
-            reason: r.reason.clone(),
-            changed: true,
-        })),
-        BridgeOutcome::AlreadyFinal { status, reason } => Ok(RunFinished::Done(Finished {
-            status,
-            reason,
-            changed: false,
-        })),
+        BridgeOutcome::Finished => Ok(RunFinished::Done {
+            finished: Finished {
+                status: r.status,
+                reason: r.reason.clone(),
+                changed: true,
+            },
+            run_completed: r.complete_run && r.lease.is_some(),
+        }),
+        BridgeOutcome::AlreadyFinal { status, reason } => Ok(RunFinished::Done {
+            finished: Finished {
+                status,
+                reason,
+                changed: false,
+            },
+            run_completed: r.complete_run && r.lease.is_some(),
+        }),
         BridgeOutcome::LeaseLost { action_id, token } => {
             Ok(RunFinished::LeaseLost { action_id, token })
         }

@@ -81,6 +81,13 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// The step action a run holds: its lease, and where the run notes that the bridge's
+/// transaction completed the action ([`crate::handler::Settled`]).
+struct RunAck {
+    lease: Lease,
+    settled: crate::handler::Settled,
+}
+
 /// Parses `{"job": i64, "step": i32}`.
 fn step_args(ctx: &ActionContext) -> Result<(i64, i32)> {
     let job = ctx.args.get("job").and_then(|v| v.as_i64());
@@ -140,6 +147,10 @@ impl Engine {
             id: action.action_id,
             token: action.token,
         };
+        let ack = RunAck {
+            lease,
+            settled: action.settled.clone(),
+        };
         // The step boundary (B5, B7): the store decides whether this step may start.
         let job = match self
             .start_step_grouped(job_id, step)
@@ -161,11 +172,7 @@ impl Engine {
         };
         let Some(pipeline) = self.pipelines.pipelines.get(&job.pipeline).cloned() else {
             return self
-                .unrunnable(
-                    job_id,
-                    lease,
-                    format!("unknown pipeline `{}`", job.pipeline),
-                )
+                .unrunnable(job_id, &ack, format!("unknown pipeline `{}`", job.pipeline))
                 .await;
         };
         if let Some(source) = self
@@ -183,7 +190,7 @@ impl Engine {
             return self
                 .unrunnable(
                     job_id,
-                    lease,
+                    &ack,
                     format!("pipeline `{}` has no step {step}", job.pipeline),
                 )
                 .await;
@@ -192,7 +199,7 @@ impl Engine {
         for r in &job.input_refs {
             let hash = match packets::parse_ref(r) {
                 Ok(h) => h,
-                Err(e) => return self.unrunnable(job_id, lease, e.to_string()).await,
+                Err(e) => return self.unrunnable(job_id, &ack, e.to_string()).await,
             };
             let body = self
                 .store
@@ -201,7 +208,7 @@ impl Engine {
                 .map_err(HandlerError::retry)?;
             match packets::verify(r, body) {
                 Ok(v) => inputs.push(v),
-                Err(e) => return self.unrunnable(job_id, lease, e.to_string()).await,
+                Err(e) => return self.unrunnable(job_id, &ack, e.to_string()).await,
             }
         }
         let run = ClaimRun { step, lease };
@@ -229,15 +236,15 @@ impl Engine {
         let template = pipeline.step_action();
         match output {
             StepOutput::Skip => {
-                self.finish_from_step(job_id, lease, JobStatus::Skipped)
+                self.finish_from_step(job_id, &ack, JobStatus::Skipped)
                     .await
             }
             StepOutput::Packets(p) if p.is_empty() => {
-                self.finish_from_step(job_id, lease, JobStatus::CompletedNoItems)
+                self.finish_from_step(job_id, &ack, JobStatus::CompletedNoItems)
                     .await
             }
             StepOutput::Packets(_) if last => {
-                self.finish_from_step(job_id, lease, JobStatus::Completed)
+                self.finish_from_step(job_id, &ack, JobStatus::Completed)
                     .await
             }
             StepOutput::Packets(p) if p.len() > 1 && !def.inline => {
@@ -254,27 +261,34 @@ impl Engine {
         }
     }
 
-    async fn unrunnable(&self, job_id: i64, lease: Lease, what: String) -> HandlerResult {
+    async fn unrunnable(&self, job_id: i64, ack: &RunAck, what: String) -> HandlerResult {
         tracing::error!(job_id, %what, "job cannot run");
-        self.finish_from_step_with(job_id, lease, JobStatus::Failed, Some(reason::UNRUNNABLE))
+        self.finish_from_step_with(job_id, ack, JobStatus::Failed, Some(reason::UNRUNNABLE))
             .await
     }
 
-    /// Finishes the job of the step run holding `lease` through the bridge (grouped with
-    /// concurrently finishing steps); nothing when the run lost its lease.
+    /// Finishes the job of the step run holding `ack.lease` through the bridge (grouped with
+    /// concurrently finishing steps), completing the step action in the same transaction
+    /// (noted in `ack.settled`, so the runner writes no acknowledgement); nothing when the
+    /// run lost its lease.
     async fn finish_from_step_with(
         &self,
         job_id: i64,
-        lease: Lease,
+        ack: &RunAck,
         status: JobStatus,
         why: Option<&str>,
     ) -> HandlerResult {
         match self
-            .finish_run(job_id, lease, status, why)
+            .finish_run(job_id, ack.lease, status, why)
             .await
             .map_err(HandlerError::retry)?
         {
-            bridge::RunFinished::Done(_) => Ok(()),
+            bridge::RunFinished::Done { run_completed, .. } => {
+                if run_completed {
+                    ack.settled.mark();
+                }
+                Ok(())
+            }
             bridge::RunFinished::LeaseLost { action_id, token } => {
                 tracing::warn!(
                     job_id,
@@ -290,11 +304,10 @@ impl Engine {
     async fn finish_from_step(
         &self,
         job_id: i64,
-        lease: Lease,
+        ack: &RunAck,
         status: JobStatus,
     ) -> HandlerResult {
-        self.finish_from_step_with(job_id, lease, status, None)
-            .await
+        self.finish_from_step_with(job_id, ack, status, None).await
     }
 
     /// Stores the packets and hands them to the next step on the same job (or parks it there).

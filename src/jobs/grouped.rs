@@ -69,7 +69,8 @@ impl Engine {
     }
 
     /// Finishes `job_id` from the step run holding `lease` through the bridge, in a group
-    /// with the concurrently finishing steps ([`bridge::finish_runs`]); then delivers
+    /// with the concurrently finishing steps ([`bridge::finish_runs`]), and completes the step
+    /// action in the same transaction ([`FinishRequest::complete_run`]); then delivers
     /// lifecycle events as [`Engine::bridge`] does.
     pub(crate) async fn finish_run(
         &self,
@@ -86,6 +87,7 @@ impl Engine {
             status,
             reason: reason.map(str::to_string),
             lease: Some(lease),
+            complete_run: true,
         };
         let done = self
             .grouped
@@ -96,7 +98,9 @@ impl Engine {
                 async move { bridge::finish_runs(&store, &completions, &reqs, clock.now()).await }
             })
             .await?;
-        if matches!(&done, RunFinished::Done(f) if f.changed) && self.hooks.any() {
+        if matches!(&done, RunFinished::Done { finished, .. } if finished.changed)
+            && self.hooks.any()
+        {
             if let Err(e) = self.deliver_events().await {
                 tracing::warn!(job_id, error = %e, "lifecycle delivery deferred to the outbox sweep");
             }

@@ -240,8 +240,13 @@ pub struct FinishRequest {
     /// Its reason.
     pub reason: Option<String>,
     /// When set, the job is finished only while this action is still `running` with this
-    /// token; otherwise its outcome is [`BridgeOutcome::LeaseLost`] and nothing is written.
+    /// token; otherwise its outcome is [`BridgeOutcome::LeaseLost`] and nothing is written
+    /// for the job.
     pub lease: Option<crate::store::Lease>,
+    /// With `lease`: the action holding it is also completed in the same transaction (the
+    /// step run's acknowledgement, owner-guarded like [`crate::Store::finish`]), whenever the
+    /// job's part committed ([`BridgeOutcome::Finished`] or [`BridgeOutcome::AlreadyFinal`]).
+    pub complete_run: bool,
 }
 
 /// What [`crate::Store::finish_jobs`] did with a group.

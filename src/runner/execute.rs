@@ -2,7 +2,7 @@
 //! (so a panic is caught), turn the result into a [`Finish`], and write it owner-guarded.
 
 use super::Runner;
-use crate::handler::{ActionContext, HandlerError};
+use crate::handler::{ActionContext, HandlerError, Settled};
 use crate::store::{ClaimedAction, Finish, FinishResult};
 use crate::telemetry;
 use backon::{ExponentialBuilder, Retryable};
@@ -53,10 +53,18 @@ impl Runner {
                 / 1000.0;
             metrics::histogram!(telemetry::LAG, "hook" => action.hook.clone()).record(lag);
             let started = Instant::now();
-            let end = self.run_handler(&action).await;
+            let settled = Settled::default();
+            let end = self.run_handler(&action, &settled).await;
             drop(slot);
             metrics::histogram!(telemetry::RUN_DURATION, "hook" => action.hook.clone())
                 .record(started.elapsed().as_secs_f64());
+            if settled.is_set() {
+                // The handler's own committed transaction completed the action (a step that
+                // finished its job through the bridge): nothing is left to write, whatever
+                // happened to the handler after that commit.
+                metrics::counter!(telemetry::COMPLETED, "hook" => action.hook.clone()).increment(1);
+                return Some(FinishResult::Applied);
+            }
             let outcome = self.outcome(&action, end);
             // A step action failed for good leaves its job's finish action in the same
             // store write (jobs::finish), so nothing has to follow it up here.
@@ -66,7 +74,7 @@ impl Runner {
         .await
     }
 
-    fn context(&self, action: &ClaimedAction) -> ActionContext {
+    fn context(&self, action: &ClaimedAction, settled: &Settled) -> ActionContext {
         ActionContext {
             action_id: action.id,
             hook: action.hook.clone(),
@@ -77,14 +85,15 @@ impl Runner {
             scheduled_at: action.scheduled_at,
             token: action.token,
             queue: self.queue.clone(),
+            settled: settled.clone(),
         }
     }
 
-    async fn run_handler(&self, action: &ClaimedAction) -> RunEnd {
+    async fn run_handler(&self, action: &ClaimedAction, settled: &Settled) -> RunEnd {
         let Some(handler) = self.registry.get(&action.hook) else {
             return RunEnd::UnknownHook;
         };
-        let mut task = AbortOnDrop(tokio::spawn(handler(self.context(action))));
+        let mut task = AbortOnDrop(tokio::spawn(handler(self.context(action, settled))));
         let timeout = action
             .timeout_ms
             .map(|ms| Duration::from_millis(ms.max(0) as u64))

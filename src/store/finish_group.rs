@@ -1,12 +1,119 @@
 //! What the backends' grouped step starts and bridge finishes ([`super::Store::start_steps`],
 //! [`super::Store::finish_jobs`]) share: the order a group is worked in (job-id order, so
 //! concurrent groups lock rows in one order) and the per-parent tally of finished children
-//! (a parent's counters are updated once per group with the summed deltas).
+//! (a parent's counters are updated once per group with the summed deltas), what one job's
+//! part of a bridge transaction did ([`InTx`]) and how a group's outcomes are recorded
+//! ([`GroupOutcomes`]).
 
 use crate::error::{Error, Result};
-use crate::jobs::FinishRequest;
+use crate::jobs::{BridgeOutcome, FinishRequest};
 use crate::state::JobStatus;
+use crate::store::Lease;
 use std::collections::BTreeMap;
+
+/// What one job's part of a bridge transaction did (each backend's `bridge::finish_in_tx`).
+#[derive(Debug)]
+pub(crate) enum InTx {
+    /// Status, claims and event written; the parent's counters are the caller's to bump.
+    Finished {
+        /// The job's batch parent.
+        parent: Option<i64>,
+    },
+    /// The job was final already: nothing written.
+    AlreadyFinal {
+        /// The standing status.
+        status: JobStatus,
+        /// Its reason.
+        reason: Option<String>,
+    },
+    /// A claim completion failed for good: the caller must roll back.
+    ClaimCompletionFailed {
+        /// What failed.
+        error: String,
+    },
+}
+
+/// A grouped finish's outcomes as its jobs are worked ([`job_order`]), and the tally of its
+/// parents' finished children.
+#[derive(Debug)]
+pub(crate) struct GroupOutcomes {
+    out: Vec<Option<BridgeOutcome>>,
+    tally: ParentTally,
+}
+
+/// A job's part of a group that makes the whole group roll back: a claim completion failed,
+/// for good or transiently.
+#[derive(Debug)]
+pub(crate) struct RollBack {
+    /// The job whose completion failed.
+    pub(crate) job_id: i64,
+    /// What failed.
+    pub(crate) error: String,
+}
+
+impl GroupOutcomes {
+    /// Outcomes for a group of `n` requests.
+    pub(crate) fn new(n: usize) -> Self {
+        Self {
+            out: vec![None; n],
+            tally: ParentTally::default(),
+        }
+    }
+
+    /// Request `i`'s step run no longer holds `lease`: nothing was written for it.
+    pub(crate) fn lease_lost(&mut self, i: usize, lease: Lease) {
+        self.out[i] = Some(BridgeOutcome::LeaseLost {
+            action_id: lease.id,
+            token: lease.token,
+        });
+    }
+
+    /// Records what request `i` (`req`) did in the transaction. `Ok(Some(_))`: the group must
+    /// be rolled back; a database error is returned as it is.
+    pub(crate) fn record(
+        &mut self,
+        i: usize,
+        req: &FinishRequest,
+        done: Result<InTx>,
+    ) -> Result<Option<RollBack>> {
+        let outcome = match done {
+            Ok(InTx::Finished { parent }) => {
+                if let Some(parent) = parent {
+                    self.tally.add(parent, req.status);
+                }
+                BridgeOutcome::Finished
+            }
+            Ok(InTx::AlreadyFinal { status, reason }) => {
+                BridgeOutcome::AlreadyFinal { status, reason }
+            }
+            Ok(InTx::ClaimCompletionFailed { error }) => {
+                return Ok(Some(RollBack {
+                    job_id: req.job_id,
+                    error,
+                }))
+            }
+            Err(e @ Error::TransientCompletion { .. }) => {
+                return Ok(Some(RollBack {
+                    job_id: req.job_id,
+                    error: e.to_string(),
+                }))
+            }
+            Err(e) => return Err(e),
+        };
+        self.out[i] = Some(outcome);
+        Ok(None)
+    }
+
+    /// The parents whose counters the group bumps, with their summed deltas, in id order.
+    pub(crate) fn parents(&self) -> impl Iterator<Item = (i64, ChildDeltas)> + '_ {
+        self.tally.parents()
+    }
+
+    /// The outcomes in request order.
+    pub(crate) fn into_results(self) -> Result<Vec<BridgeOutcome>> {
+        in_request_order(self.out)
+    }
+}
 
 /// The indexes of `ids` in ascending id order (stable: equal ids keep their request order).
 pub(crate) fn job_order(ids: impl Iterator<Item = i64>) -> Vec<usize> {
@@ -101,6 +208,63 @@ impl ParentTally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn req(job_id: i64, status: JobStatus) -> FinishRequest {
+        FinishRequest {
+            job_id,
+            status,
+            reason: None,
+            lease: None,
+            complete_run: false,
+        }
+    }
+
+    #[test]
+    fn group_outcomes_keep_request_order_tally_parents_and_roll_back() {
+        let mut g = GroupOutcomes::new(3);
+        let (a, b, c) = (
+            req(7, JobStatus::Completed),
+            req(3, JobStatus::Failed),
+            req(5, JobStatus::Completed),
+        );
+        let done = g.record(1, &b, Ok(InTx::Finished { parent: Some(1) }));
+        assert!(done.unwrap().is_none());
+        g.lease_lost(2, Lease { id: 40, token: 2 });
+        let final_ = InTx::AlreadyFinal {
+            status: JobStatus::Cancelled,
+            reason: None,
+        };
+        assert!(g.record(0, &a, Ok(final_)).unwrap().is_none());
+        let parents: Vec<_> = g.parents().collect();
+        assert_eq!(parents.len(), 1);
+        assert_eq!((parents[0].0, parents[0].1.failed), (1, 1));
+        let transient = Err(Error::TransientCompletion {
+            item_id: "i".into(),
+            job_id: Some(5),
+            message: "busy".into(),
+        });
+        let rb = g.record(2, &c, transient).unwrap().unwrap();
+        assert_eq!(rb.job_id, 5);
+        let failed = InTx::ClaimCompletionFailed { error: "no".into() };
+        assert_eq!(g.record(2, &c, Ok(failed)).unwrap().unwrap().error, "no");
+        let db = Err(Error::Config("db".into()));
+        assert!(g.record(2, &c, db).is_err());
+        assert_eq!(
+            g.into_results().unwrap(),
+            vec![
+                BridgeOutcome::AlreadyFinal {
+                    status: JobStatus::Cancelled,
+                    reason: None
+                },
+                BridgeOutcome::Finished,
+                BridgeOutcome::LeaseLost {
+                    action_id: 40,
+                    token: 2
+                },
+            ]
+        );
+        assert!(GroupOutcomes::new(1).into_results().is_err());
+    }
 
     #[test]
     fn order_is_by_id_and_stable() {

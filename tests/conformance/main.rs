@@ -82,6 +82,7 @@ conformance!(
     grouped_finish_leaves_a_final_job_and_finishes_the_others,
     grouped_finish_claim_failure_falls_back_to_single_finishes,
     grouped_finish_with_a_lost_lease_leaves_that_job,
+    grouped_finish_completes_the_step_run_in_its_transaction,
     grouped_start_steps_decide_as_start_step,
     s_t1_every_final_route_passes_the_bridge_once,
     s_t2_finishing_a_final_job_again,

@@ -21,7 +21,7 @@ use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identit
 use crate::error::{Error, Result};
 use crate::jobs::BridgeOutcome;
 use crate::state::JobStatus;
-use crate::store::finish_group::ChildDeltas;
+use crate::store::finish_group::{ChildDeltas, InTx};
 use chrono::{DateTime, Utc};
 use sqlx::{MySqlConnection, Row};
 
@@ -77,28 +77,6 @@ async fn finish_once(
     };
     tx.commit().await.map_err(Error::db(op))?;
     Ok((BridgeOutcome::Finished, finalize))
-}
-
-/// What one job's part of a bridge transaction did ([`finish_in_tx`]).
-#[derive(Debug)]
-pub(super) enum InTx {
-    /// Status, claims and event written; the parent's counters are the caller's to bump.
-    Finished {
-        /// The job's batch parent.
-        parent: Option<i64>,
-    },
-    /// The job was final already: nothing written.
-    AlreadyFinal {
-        /// The standing status.
-        status: JobStatus,
-        /// Its reason.
-        reason: Option<String>,
-    },
-    /// A claim completion failed for good: the caller must roll back.
-    ClaimCompletionFailed {
-        /// What failed.
-        error: String,
-    },
 }
 
 /// One job's bridge transition on the open transaction: the job row locked, claims completed

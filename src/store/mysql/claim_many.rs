@@ -8,10 +8,10 @@
 //! insert). A deadlock re-runs the whole transaction.
 
 use super::claim_upkeep::run_fence;
-use super::claims::{claim_from_row, config_json, job_state, CLAIM_COLUMNS};
+use super::claims::{claim_from_row, config_json, job_state, takeover, Takeover, CLAIM_COLUMNS};
 use super::connect::retry_deadlocks;
 use super::{ms, MySqlStore};
-use crate::claims::{ClaimItemRequest, ClaimOutcome, ClaimStatus, Descriptor, ItemClaim};
+use crate::claims::{ClaimItemRequest, ClaimOutcome, Descriptor, ItemClaim};
 use crate::error::{Error, Result};
 use crate::store::claim_rules::{distinct_jobs, distinct_runs, expiries, refused, rounds};
 use chrono::{DateTime, Utc};
@@ -185,36 +185,10 @@ async fn decide(
     token: String,
 ) -> Result<ClaimOutcome> {
     let (req, hash, now) = (&plan.reqs[at], &plan.hashes[at], plan.now);
-    if existing.identity != req.identity {
-        return Err(corrupt(
-            id,
-            format!(
-                "identity hash {hash} collides: stored parts differ from the requested identity"
-            ),
-        ));
-    }
-    let fresh = existing.status == ClaimStatus::Claimed
-        && existing.token.as_deref() == Some(token.as_str());
-    let same_job = existing.status == ClaimStatus::Claimed
-        && existing.job_id.is_some()
-        && existing.job_id == req.job_id;
-    let takeable = fresh
-        || same_job
-        || match existing.status {
-            ClaimStatus::Deferred => true,
-            ClaimStatus::Claimed => existing.expires_at.is_some_and(|e| ms(e) <= ms(now)),
-            ClaimStatus::Processed => req.reprocess,
-        };
-    if !takeable {
-        return match existing.status {
-            ClaimStatus::Processed => Ok(ClaimOutcome::AlreadyProcessed),
-            ClaimStatus::Claimed => Ok(ClaimOutcome::HeldByOther),
-            ClaimStatus::Deferred => Err(corrupt(
-                id,
-                format!("identity {hash}: deferred row was not claimable"),
-            )),
-        };
-    }
+    let Takeover { fresh, same_job } = match takeover(id, hash, existing, req, &token, now)? {
+        Ok(t) => t,
+        Err(refused) => return Ok(refused),
+    };
     // A job re-claiming what it holds keeps its token (a retried step); others get a new one.
     let token = match &existing.token {
         Some(held) if same_job => held.clone(),

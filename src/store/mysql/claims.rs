@@ -203,38 +203,17 @@ async fn claim_once(
     };
     let id: i64 = row.try_get("id").map_err(Error::db(op))?;
     let existing = claim_from_row(&row)?;
-    if existing.identity != *identity {
-        tx.rollback().await.map_err(Error::db(op))?;
-        return Err(corrupt(
-            id,
-            format!(
-                "identity hash {hash} collides: stored parts differ from the requested identity"
-            ),
-        ));
-    }
-    let fresh = existing.status == ClaimStatus::Claimed
-        && existing.token.as_deref() == Some(token.as_str());
-    let same_job = existing.status == ClaimStatus::Claimed
-        && existing.job_id.is_some()
-        && existing.job_id == req.job_id;
-    let takeable = fresh
-        || same_job
-        || match existing.status {
-            ClaimStatus::Deferred => true,
-            ClaimStatus::Claimed => existing.expires_at.is_some_and(|e| ms(e) <= ms(now)),
-            ClaimStatus::Processed => req.reprocess,
-        };
-    if !takeable {
-        tx.rollback().await.map_err(Error::db(op))?;
-        return match existing.status {
-            ClaimStatus::Processed => Ok(ClaimOutcome::AlreadyProcessed),
-            ClaimStatus::Claimed => Ok(ClaimOutcome::HeldByOther),
-            ClaimStatus::Deferred => Err(corrupt(
-                id,
-                format!("identity {hash}: deferred row was not claimable"),
-            )),
-        };
-    }
+    let Takeover { fresh, same_job } = match takeover(id, hash, &existing, req, &token, now) {
+        Ok(Ok(t)) => t,
+        Ok(Err(refused)) => {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok(refused);
+        }
+        Err(e) => {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Err(e);
+        }
+    };
     // A job re-claiming what it holds keeps its token (a retried step); others get a new one.
     let token = match existing.token {
         Some(held) if same_job => held,
@@ -484,4 +463,58 @@ pub(super) async fn job_state(
         .try_get("step_index")
         .map_err(Error::db("claim_item (job)"))?;
     Ok(Some((status, step_index)))
+}
+
+/// May a claim request take an existing row (C2)?
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Takeover {
+    /// The row is `claimed` under the very token requested (nothing to write).
+    pub(super) fresh: bool,
+    /// The row is `claimed` by the requesting job (it keeps its token).
+    pub(super) same_job: bool,
+}
+
+/// The takeover rule for row `id` (identity hash `hash`), the one place MySQL's single and
+/// grouped claims decide it: `Ok(Ok(_))` the request takes the row; `Ok(Err(outcome))` it is
+/// refused with that outcome (held by another, already processed); `Err` the row is corrupt
+/// (an identity-hash collision, an unclaimable deferred row).
+pub(super) fn takeover(
+    id: i64,
+    hash: &str,
+    existing: &ItemClaim,
+    req: &ClaimItemRequest,
+    token: &str,
+    now: DateTime<Utc>,
+) -> Result<std::result::Result<Takeover, ClaimOutcome>> {
+    let corrupt = |message: String| Error::Corrupt {
+        what: "item claim",
+        id,
+        message,
+    };
+    if existing.identity != req.identity {
+        return Err(corrupt(format!(
+            "identity hash {hash} collides: stored parts differ from the requested identity"
+        )));
+    }
+    let fresh = existing.status == ClaimStatus::Claimed && existing.token.as_deref() == Some(token);
+    let same_job = existing.status == ClaimStatus::Claimed
+        && existing.job_id.is_some()
+        && existing.job_id == req.job_id;
+    let takeable = fresh
+        || same_job
+        || match existing.status {
+            ClaimStatus::Deferred => true,
+            ClaimStatus::Claimed => existing.expires_at.is_some_and(|e| ms(e) <= ms(now)),
+            ClaimStatus::Processed => req.reprocess,
+        };
+    if takeable {
+        return Ok(Ok(Takeover { fresh, same_job }));
+    }
+    match existing.status {
+        ClaimStatus::Processed => Ok(Err(ClaimOutcome::AlreadyProcessed)),
+        ClaimStatus::Claimed => Ok(Err(ClaimOutcome::HeldByOther)),
+        ClaimStatus::Deferred => Err(corrupt(format!(
+            "identity {hash}: deferred row was not claimable"
+        ))),
+    }
 }

@@ -58,7 +58,7 @@ pub(super) async fn finish(
 }
 
 /// One guarded finish on an open transaction.
-async fn finish_on(
+pub(super) async fn finish_on(
     tx: &mut MySqlConnection,
     lease: Lease,
     outcome: &Finish,

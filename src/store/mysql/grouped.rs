@@ -8,16 +8,19 @@
 //! ([`super::fence::child_finished`]). A deadlock re-runs the whole group
 //! ([`retry_deadlocks`]).
 
-use super::bridge::{finish_in_tx, InTx};
+use super::bridge::finish_in_tx;
 use super::connect::retry_deadlocks;
 use super::fence::child_finished;
+use super::finish::finish_on;
 use super::jobs::start_in_tx;
 use super::MySqlStore;
 use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
-use crate::jobs::{BridgeOutcome, FinishRequest, GroupFinished, StepStart};
-use crate::store::finish_group::{check_final, in_request_order, job_order, ParentTally};
-use crate::store::Lease;
+use crate::jobs::{FinishRequest, GroupFinished, StepStart};
+use crate::store::finish_group::{
+    check_final, in_request_order, job_order, GroupOutcomes, RollBack,
+};
+use crate::store::{Finish, FinishResult, Lease};
 use chrono::{DateTime, Utc};
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 
@@ -82,6 +85,23 @@ async fn lease_live(conn: &mut MySqlConnection, lease: Lease) -> Result<bool> {
     Ok(row.is_some())
 }
 
+/// Whether a request's step run still holds `lease`, on the open transaction; with
+/// `complete` (the request's [`FinishRequest::complete_run`]) the action is completed under it
+/// there and then, owner-guarded as the runner's acknowledgement would be
+/// ([`super::finish::finish_on`]; a lost lease leaves its `lease_lost` log row).
+async fn run_holds(
+    conn: &mut MySqlConnection,
+    lease: Lease,
+    complete: bool,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    if complete {
+        let done = finish_on(&mut *conn, lease, &Finish::Complete, now).await?;
+        return Ok(matches!(done, FinishResult::Applied));
+    }
+    lease_live(conn, lease).await
+}
+
 /// See [`crate::Store::finish_jobs`].
 pub(super) async fn finish_jobs(
     store: &MySqlStore,
@@ -111,16 +131,12 @@ async fn finish_once(
     let op = "finish_jobs";
     let mut tx = store.begin(op).await?;
     lock_jobs(&mut tx, reqs.iter().map(|r| r.job_id), op).await?;
-    let mut out = vec![None; reqs.len()];
-    let mut tally = ParentTally::default();
+    let mut group = GroupOutcomes::new(reqs.len());
     for i in job_order(reqs.iter().map(|r| r.job_id)) {
         let r = &reqs[i];
         if let Some(lease) = r.lease {
-            if !lease_live(&mut tx, lease).await? {
-                out[i] = Some(BridgeOutcome::LeaseLost {
-                    action_id: lease.id,
-                    token: lease.token,
-                });
+            if !run_holds(&mut tx, lease, r.complete_run, now).await? {
+                group.lease_lost(i, lease);
                 continue;
             }
         }
@@ -133,33 +149,15 @@ async fn finish_once(
             now,
         )
         .await;
-        out[i] = Some(match done {
-            Ok(InTx::Finished { parent }) => {
-                if let Some(parent) = parent {
-                    tally.add(parent, r.status);
-                }
-                BridgeOutcome::Finished
-            }
-            Ok(InTx::AlreadyFinal { status, reason }) => {
-                BridgeOutcome::AlreadyFinal { status, reason }
-            }
-            Ok(InTx::ClaimCompletionFailed { error }) => {
-                tx.rollback().await.map_err(Error::db(op))?;
-                let job_id = r.job_id;
-                return Ok((GroupFinished::RolledBack { job_id, error }, false));
-            }
-            Err(e @ Error::TransientCompletion { .. }) => {
-                tx.rollback().await.map_err(Error::db(op))?;
-                let (job_id, error) = (r.job_id, e.to_string());
-                return Ok((GroupFinished::RolledBack { job_id, error }, false));
-            }
-            Err(e) => return Err(e),
-        });
+        if let Some(RollBack { job_id, error }) = group.record(i, r, done)? {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok((GroupFinished::RolledBack { job_id, error }, false));
+        }
     }
     let mut due = false;
-    for (parent, deltas) in tally.parents() {
+    for (parent, deltas) in group.parents() {
         due |= child_finished(&mut tx, parent, deltas, now).await?;
     }
     tx.commit().await.map_err(Error::db(op))?;
-    Ok((GroupFinished::Committed(in_request_order(out)?), due))
+    Ok((GroupFinished::Committed(group.into_results()?), due))
 }

@@ -119,7 +119,7 @@ async fn complete_set(
 }
 
 /// One guarded finish on an open transaction.
-async fn finish_on(
+pub(super) async fn finish_on(
     tx: &mut PgConnection,
     channel: &str,
     lease: Lease,

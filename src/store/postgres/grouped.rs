@@ -7,15 +7,18 @@
 //! group's parents get their counters bumped once each, in id order, with the summed deltas
 //! ([`super::bridge::count_children`]). A deadlock re-runs the whole group.
 
-use super::bridge::{count_children, finish_in_tx, InTx};
+use super::bridge::{count_children, finish_in_tx};
+use super::finish::finish_on;
 use super::jobs::start_in_tx;
 use super::PgStore;
 use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
-use crate::jobs::{BridgeOutcome, FinishRequest, GroupFinished, StepStart};
-use crate::store::finish_group::{check_final, in_request_order, job_order, ParentTally};
+use crate::jobs::{FinishRequest, GroupFinished, StepStart};
+use crate::store::finish_group::{
+    check_final, in_request_order, job_order, GroupOutcomes, RollBack,
+};
 use crate::store::rerun::rerun_transaction;
-use crate::store::Lease;
+use crate::store::{Finish, FinishResult, Lease};
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
@@ -75,6 +78,24 @@ async fn lease_live(conn: &mut PgConnection, lease: Lease) -> Result<bool> {
     Ok(row.is_some())
 }
 
+/// Whether a request's step run still holds `lease`, on the open transaction; with
+/// `complete` (the request's [`FinishRequest::complete_run`]) the action is completed under it
+/// there and then, owner-guarded as the runner's acknowledgement would be
+/// ([`super::finish::finish_on`]; a lost lease leaves its `lease_lost` log row).
+async fn run_holds(
+    conn: &mut PgConnection,
+    channel: &str,
+    lease: Lease,
+    complete: bool,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    if complete {
+        let done = finish_on(&mut *conn, channel, lease, &Finish::Complete, now).await?;
+        return Ok(matches!(done, FinishResult::Applied));
+    }
+    lease_live(conn, lease).await
+}
+
 /// See [`crate::Store::finish_jobs`].
 pub(super) async fn finish_jobs(
     store: &PgStore,
@@ -106,16 +127,12 @@ async fn finish_once(
     let op = "finish_jobs";
     let mut tx = store.begin(op).await?;
     lock_jobs(&mut tx, reqs.iter().map(|r| r.job_id), op).await?;
-    let mut out = vec![None; reqs.len()];
-    let mut tally = ParentTally::default();
+    let mut group = GroupOutcomes::new(reqs.len());
     for i in job_order(reqs.iter().map(|r| r.job_id)) {
         let r = &reqs[i];
         if let Some(lease) = r.lease {
-            if !lease_live(&mut tx, lease).await? {
-                out[i] = Some(BridgeOutcome::LeaseLost {
-                    action_id: lease.id,
-                    token: lease.token,
-                });
+            if !run_holds(&mut tx, &store.channel, lease, r.complete_run, now).await? {
+                group.lease_lost(i, lease);
                 continue;
             }
         }
@@ -128,33 +145,15 @@ async fn finish_once(
             now,
         )
         .await;
-        out[i] = Some(match done {
-            Ok(InTx::Finished { parent }) => {
-                if let Some(parent) = parent {
-                    tally.add(parent, r.status);
-                }
-                BridgeOutcome::Finished
-            }
-            Ok(InTx::AlreadyFinal { status, reason }) => {
-                BridgeOutcome::AlreadyFinal { status, reason }
-            }
-            Ok(InTx::ClaimCompletionFailed { error }) => {
-                tx.rollback().await.map_err(Error::db(op))?;
-                let job_id = r.job_id;
-                return Ok((GroupFinished::RolledBack { job_id, error }, false));
-            }
-            Err(e @ Error::TransientCompletion { .. }) => {
-                tx.rollback().await.map_err(Error::db(op))?;
-                let (job_id, error) = (r.job_id, e.to_string());
-                return Ok((GroupFinished::RolledBack { job_id, error }, false));
-            }
-            Err(e) => return Err(e),
-        });
+        if let Some(RollBack { job_id, error }) = group.record(i, r, done)? {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok((GroupFinished::RolledBack { job_id, error }, false));
+        }
     }
     let mut due = false;
-    for (parent, deltas) in tally.parents() {
+    for (parent, deltas) in group.parents() {
         due |= count_children(&mut tx, store, parent, deltas, now).await?;
     }
     tx.commit().await.map_err(Error::db(op))?;
-    Ok((GroupFinished::Committed(in_request_order(out)?), due))
+    Ok((GroupFinished::Committed(group.into_results()?), due))
 }

@@ -14,7 +14,7 @@ use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identit
 use crate::error::{Error, Result};
 use crate::jobs::BridgeOutcome;
 use crate::state::JobStatus;
-use crate::store::finish_group::ChildDeltas;
+use crate::store::finish_group::{ChildDeltas, InTx};
 use crate::store::rerun::rerun_transaction;
 use chrono::{DateTime, Utc};
 use sqlx::{Row, SqliteConnection};
@@ -69,28 +69,6 @@ async fn finish_once(
         store.wake.notify();
     }
     Ok(BridgeOutcome::Finished)
-}
-
-/// What one job's part of a bridge transaction did ([`finish_in_tx`]).
-#[derive(Debug)]
-pub(super) enum InTx {
-    /// Status, claims and event written; the parent's counters are the caller's to bump.
-    Finished {
-        /// The job's batch parent.
-        parent: Option<i64>,
-    },
-    /// The job was final already: nothing written.
-    AlreadyFinal {
-        /// The standing status.
-        status: JobStatus,
-        /// Its reason.
-        reason: Option<String>,
-    },
-    /// A claim completion failed for good: the caller must roll back.
-    ClaimCompletionFailed {
-        /// What failed.
-        error: String,
-    },
 }
 
 /// One job's bridge transition on the open write transaction: claims completed (success) or

@@ -54,7 +54,7 @@ pub(super) async fn finish(
 
 /// The set-based completion (binds: `$now` the finish time, `$pairs` a JSON array of
 /// `[id, token]`), each row guarded by id + token + status; returns the ids it completed as
-/// `done_id`. Their `completed` log entries are read from the rows (migration 0017).
+/// `done_id` (and their tokens as `done_token`). Their `completed` log entries are read from the rows (migration 0017).
 macro_rules! complete_set_sql {
     ($now:literal, $pairs:literal) => {
         concat!(
@@ -67,7 +67,7 @@ macro_rules! complete_set_sql {
             ")) AS l
  WHERE dockhand_actions.id = l.id AND dockhand_actions.lease_token = l.token
    AND status = 'running'
- RETURNING dockhand_actions.id AS done_id"
+ RETURNING dockhand_actions.id AS done_id, dockhand_actions.lease_token AS done_token"
         )
     };
 }
@@ -186,7 +186,7 @@ async fn complete_set(
 
 /// One guarded finish on an open write transaction. A failure of a step action enqueues its
 /// job's finish action on the same transaction ([`crate::jobs::finish`]).
-async fn finish_on(
+pub(super) async fn finish_on(
     tx: &mut SqliteConnection,
     lease: Lease,
     outcome: &Finish,

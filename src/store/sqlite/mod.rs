@@ -36,6 +36,7 @@ mod fence;
 #[cfg(test)]
 mod fence_tests;
 mod finish;
+mod finish_set;
 mod gauges;
 mod grouped;
 mod jobs;

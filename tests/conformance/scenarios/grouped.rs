@@ -12,7 +12,7 @@ use dockhand::claims::CompletionRegistry;
 use dockhand::jobs::bridge::{finish_runs, RunFinished};
 use dockhand::jobs::{BridgeOutcome, FinishRequest, GroupFinished, StepStart, STEP_HOOK};
 use dockhand::store::Lease;
-use dockhand::{Clock, Identity, JobStatus};
+use dockhand::{ActionStatus, Clock, Identity, JobStatus};
 use serde_json::json;
 use std::sync::Arc;
 
@@ -28,6 +28,7 @@ fn req(job_id: i64, status: JobStatus) -> FinishRequest {
         status,
         reason: None,
         lease: None,
+        complete_run: false,
     }
 }
 
@@ -199,12 +200,13 @@ pub async fn grouped_finish_claim_failure_falls_back_to_single_finishes(db: Test
     let out = finish_runs(&db.store, &reg, &reqs, db.clock.now()).await;
     let out: Vec<RunFinished> = out.into_iter().map(|r| r.unwrap()).collect();
     let downgraded = Some("item_claim_completion_failed".to_string());
-    let done = |status, reason| {
-        RunFinished::Done(dockhand::jobs::bridge::Finished {
+    let done = |status, reason| RunFinished::Done {
+        finished: dockhand::jobs::bridge::Finished {
             status,
             reason,
             changed: true,
-        })
+        },
+        run_completed: false,
     };
     assert_eq!(
         out,
@@ -329,5 +331,121 @@ pub async fn grouped_start_steps_decide_as_start_step(db: TestDb) {
     assert!(
         matches!(one, StepStart::ParentStopped(ref j) if j.status == JobStatus::Pending),
         "{one:?}"
+    );
+}
+
+/// A request with `complete_run` completes its step action under the lease in the group's
+/// transaction (the run's acknowledgement, issue 16 W4); a request whose lease is lost
+/// completes nothing and leaves its job. Run by the runtime, a step that finishes its job
+/// leaves its action complete with no second acknowledgement (no `lease_lost` entry).
+pub async fn grouped_finish_completes_the_step_run_in_its_transaction(db: TestDb) {
+    let rt = claims_runtime(&db).await;
+    let a = rt.jobs().start("hold", json!({})).await.unwrap();
+    let b = rt.jobs().start("hold", json!({})).await.unwrap();
+    let held = chrono::Duration::seconds(30);
+    let first = super::batch_regressions::claim_as_worker(&db, STEP_HOOK, held).await;
+    let second = super::batch_regressions::claim_as_worker(&db, STEP_HOOK, held).await;
+    let job_of = |lease: Lease| {
+        let q = rt.queue().clone();
+        async move { q.get(lease.id).await.unwrap().args["job"].as_i64().unwrap() }
+    };
+    let (job_first, job_second) = (job_of(first).await, job_of(second).await);
+    assert_eq!(
+        {
+            let mut v = vec![job_first, job_second];
+            v.sort_unstable();
+            v
+        },
+        {
+            let mut v = vec![a, b];
+            v.sort_unstable();
+            v
+        }
+    );
+    db.store
+        .start_step(job_first, 0, db.clock.now())
+        .await
+        .unwrap();
+    db.store
+        .start_step(job_second, 0, db.clock.now())
+        .await
+        .unwrap();
+    let stale = Lease {
+        id: second.id,
+        token: second.token + 1,
+    };
+    let reqs = [
+        FinishRequest {
+            lease: Some(first),
+            complete_run: true,
+            ..req(job_first, JobStatus::Completed)
+        },
+        FinishRequest {
+            lease: Some(stale),
+            complete_run: true,
+            ..req(job_second, JobStatus::Completed)
+        },
+    ];
+    let out = finish_runs(&db.store, &registry(), &reqs, db.clock.now()).await;
+    let out: Vec<RunFinished> = out.into_iter().map(|r| r.unwrap()).collect();
+    assert!(
+        matches!(out[0], RunFinished::Done { run_completed: true, ref finished } if finished.changed),
+        "{out:?}"
+    );
+    assert_eq!(
+        out[1],
+        RunFinished::LeaseLost {
+            action_id: stale.id,
+            token: stale.token
+        }
+    );
+    let q = rt.queue();
+    assert_eq!(
+        q.get(first.id).await.unwrap().status,
+        ActionStatus::Complete
+    );
+    assert_eq!(
+        q.get(second.id).await.unwrap().status,
+        ActionStatus::Running,
+        "a lost lease completes nothing"
+    );
+    assert_eq!(
+        rt.jobs().get(job_first).await.unwrap().status,
+        JobStatus::Completed
+    );
+    assert_eq!(
+        rt.jobs().get(job_second).await.unwrap().status,
+        JobStatus::Processing
+    );
+    // Through the runtime: the step finishes its job and completes its own action; the
+    // runner writes nothing after it.
+    let c = rt.jobs().start("hold", json!({})).await.unwrap();
+    assert_eq!(rt.run_due_once().await.unwrap(), 1);
+    assert_eq!(
+        rt.jobs().get(c).await.unwrap().status,
+        JobStatus::CompletedNoItems,
+        "`hold`'s one step outputs nothing"
+    );
+    let step = actions(&rt, STEP_HOOK)
+        .await
+        .into_iter()
+        .find(|x| x.args["job"].as_i64() == Some(c))
+        .expect("the new job's step action");
+    assert_eq!(step.status, ActionStatus::Complete);
+    let events: Vec<String> = q
+        .logs(step.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.event)
+        .collect();
+    assert!(
+        !events.iter().any(|e| e == "lease_lost"),
+        "no second acknowledgement: {events:?}"
+    );
+    assert_eq!(
+        events.iter().filter(|e| *e == "completed").count(),
+        1,
+        "{events:?}"
     );
 }
