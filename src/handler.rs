@@ -29,26 +29,56 @@ pub struct ActionContext {
     pub token: i64,
     /// The queue, to enqueue follow-up work.
     pub queue: Queue,
-    /// Set when the handler's own store transaction completed this action (a pipeline step
-    /// finishing its job acknowledges its step action in the bridge's transaction): the runner
-    /// then writes no acknowledgement of its own.
-    pub(crate) settled: Settled,
+    /// The runner's side of this run: whether the handler's own store write completed the
+    /// action, and its concurrency slot (see [`RunControl`]).
+    pub(crate) run: RunControl,
 }
 
-/// Whether a run's action was completed by its handler's own store write
-/// ([`ActionContext::settled`]). Cloned into the handler; the runner reads it after the run.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Settled(Arc<std::sync::atomic::AtomicBool>);
+/// What a handler can tell the runner about its run, beside its result. Cloned into the
+/// handler; the runner reads it after the run.
+#[derive(Clone, Default)]
+pub(crate) struct RunControl {
+    settled: Arc<std::sync::atomic::AtomicBool>,
+    slot: Arc<std::sync::Mutex<Option<crate::runner::held::RunSlot>>>,
+}
 
-impl Settled {
-    /// The action was completed in a committed transaction of the handler's.
-    pub(crate) fn mark(&self) {
-        self.0.store(true, std::sync::atomic::Ordering::Release);
+impl std::fmt::Debug for RunControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunControl")
+            .field("settled", &self.is_settled())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunControl {
+    /// A run holding `slot` (none for the inline testing helpers).
+    pub(crate) fn new(slot: Option<crate::runner::held::RunSlot>) -> Self {
+        Self {
+            settled: Arc::default(),
+            slot: Arc::new(std::sync::Mutex::new(slot)),
+        }
     }
 
-    /// Whether [`Self::mark`] was called.
-    pub(crate) fn is_set(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire)
+    /// The action was completed in a committed transaction of the handler's (a pipeline step
+    /// finishing its job acknowledges its step action in the bridge's transaction): the runner
+    /// writes no acknowledgement of its own.
+    pub(crate) fn mark_settled(&self) {
+        self.settled
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether [`Self::mark_settled`] was called.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.settled.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Frees the run's concurrency slot now: the user code is done and what is left is the
+    /// handler's own bookkeeping write (a step's bridge), which then overlaps the next run as
+    /// a plain action's acknowledgement does. Idempotent; the runner calls it when the
+    /// handler ends.
+    pub(crate) fn release_slot(&self) {
+        let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(slot);
     }
 }
 

@@ -4,7 +4,7 @@
 use super::bridge::{self, reason};
 use super::packets;
 use super::pipeline::{Packet, PipelineRegistry, StepContext, StepOutput};
-use super::{JobEvent, StepAction, StepStart};
+use super::{JobEvent, StepAction, StepStart, Superseded};
 use crate::claims::{
     ClaimItemRequest, ClaimOutcome, ClaimRun, CompletionConfig, CompletionRegistry, Descriptor,
     Identity,
@@ -82,10 +82,22 @@ impl std::fmt::Debug for Engine {
 }
 
 /// The step action a run holds: its lease, and where the run notes that the bridge's
-/// transaction completed the action ([`crate::handler::Settled`]).
+/// transaction completed the action ([`crate::handler::RunControl`]).
 struct RunAck {
     lease: Lease,
-    settled: crate::handler::Settled,
+    control: crate::handler::RunControl,
+}
+
+/// The tokens of the claims a step's output carries (kept when superseded claims are
+/// released).
+fn kept_tokens(output: &StepOutput) -> Vec<String> {
+    match output {
+        StepOutput::Packets(p) | StepOutput::Park(p) => p
+            .iter()
+            .flat_map(|p| p.descriptors.iter().map(|d| d.token.clone()))
+            .collect(),
+        StepOutput::Skip => Vec::new(),
+    }
 }
 
 /// Parses `{"job": i64, "step": i32}`.
@@ -149,7 +161,7 @@ impl Engine {
         };
         let ack = RunAck {
             lease,
-            settled: action.settled.clone(),
+            control: action.run.clone(),
         };
         // The step boundary (B5, B7): the store decides whether this step may start.
         let job = match self
@@ -229,24 +241,33 @@ impl Engine {
             engine: Arc::clone(&self),
         };
         let output = (def.run)(ctx).await?;
+        // The step's own code is done: its slot goes to the next run while this one writes
+        // its output (the bridge, a fan-out, the next step), as an acknowledgement would.
+        ack.control.release_slot();
+        let last = usize::try_from(step + 1).map_or(true, |n| n >= pipeline.steps.len());
+        let terminal = match &output {
+            StepOutput::Skip => Some(JobStatus::Skipped),
+            StepOutput::Packets(p) if p.is_empty() => Some(JobStatus::CompletedNoItems),
+            StepOutput::Packets(_) if last => Some(JobStatus::Completed),
+            _ => None,
+        };
+        if let Some(status) = terminal {
+            // The superseded claims are released in the bridge's own transaction.
+            let superseded = Superseded {
+                step,
+                keep: kept_tokens(&output),
+            };
+            return self
+                .finish_from_step(job_id, &ack, status, None, Some(superseded))
+                .await;
+        }
         if !self.release_superseded(job_id, run, &output).await? {
             return Ok(());
         }
-        let last = usize::try_from(step + 1).map_or(true, |n| n >= pipeline.steps.len());
         let template = pipeline.step_action();
         match output {
-            StepOutput::Skip => {
-                self.finish_from_step(job_id, &ack, JobStatus::Skipped)
-                    .await
-            }
-            StepOutput::Packets(p) if p.is_empty() => {
-                self.finish_from_step(job_id, &ack, JobStatus::CompletedNoItems)
-                    .await
-            }
-            StepOutput::Packets(_) if last => {
-                self.finish_from_step(job_id, &ack, JobStatus::Completed)
-                    .await
-            }
+            // Finished above, with the other terminal outputs.
+            StepOutput::Skip => Ok(()),
             StepOutput::Packets(p) if p.len() > 1 && !def.inline => {
                 self.fan_out(&job, step, &p, &pipeline).await
             }
@@ -263,29 +284,36 @@ impl Engine {
 
     async fn unrunnable(&self, job_id: i64, ack: &RunAck, what: String) -> HandlerResult {
         tracing::error!(job_id, %what, "job cannot run");
-        self.finish_from_step_with(job_id, ack, JobStatus::Failed, Some(reason::UNRUNNABLE))
-            .await
+        self.finish_from_step(
+            job_id,
+            ack,
+            JobStatus::Failed,
+            Some(reason::UNRUNNABLE),
+            None,
+        )
+        .await
     }
 
     /// Finishes the job of the step run holding `ack.lease` through the bridge (grouped with
     /// concurrently finishing steps), completing the step action in the same transaction
-    /// (noted in `ack.settled`, so the runner writes no acknowledgement); nothing when the
+    /// (noted in `ack.control`, so the runner writes no acknowledgement); nothing when the
     /// run lost its lease.
-    async fn finish_from_step_with(
+    async fn finish_from_step(
         &self,
         job_id: i64,
         ack: &RunAck,
         status: JobStatus,
         why: Option<&str>,
+        superseded: Option<Superseded>,
     ) -> HandlerResult {
         match self
-            .finish_run(job_id, ack.lease, status, why)
+            .finish_run(job_id, ack.lease, status, why, superseded)
             .await
             .map_err(HandlerError::retry)?
         {
             bridge::RunFinished::Done { run_completed, .. } => {
                 if run_completed {
-                    ack.settled.mark();
+                    ack.control.mark_settled();
                 }
                 Ok(())
             }
@@ -299,15 +327,6 @@ impl Engine {
                 Ok(())
             }
         }
-    }
-
-    async fn finish_from_step(
-        &self,
-        job_id: i64,
-        ack: &RunAck,
-        status: JobStatus,
-    ) -> HandlerResult {
-        self.finish_from_step_with(job_id, ack, status, None).await
     }
 
     /// Stores the packets and hands them to the next step on the same job (or parks it there).
@@ -490,13 +509,7 @@ impl Engine {
         run: ClaimRun,
         output: &StepOutput,
     ) -> std::result::Result<bool, HandlerError> {
-        let keep: Vec<String> = match output {
-            StepOutput::Packets(p) | StepOutput::Park(p) => p
-                .iter()
-                .flat_map(|p| p.descriptors.iter().map(|d| d.token.clone()))
-                .collect(),
-            StepOutput::Skip => Vec::new(),
-        };
+        let keep = kept_tokens(output);
         match self
             .store
             .release_superseded_claims(job_id, run, &keep)

@@ -14,7 +14,7 @@
 
 use super::bridge::{self, RunFinished};
 use super::engine::Engine;
-use super::{FinishRequest, StepStart};
+use super::{FinishRequest, StepStart, Superseded};
 use crate::error::Result;
 use crate::state::JobStatus;
 use crate::store::group_commit::GroupCommit;
@@ -70,7 +70,8 @@ impl Engine {
 
     /// Finishes `job_id` from the step run holding `lease` through the bridge, in a group
     /// with the concurrently finishing steps ([`bridge::finish_runs`]), and completes the step
-    /// action in the same transaction ([`FinishRequest::complete_run`]); then delivers
+    /// action in the same transaction ([`FinishRequest::complete_run`]), releasing first the
+    /// claims `superseded` names ([`FinishRequest::superseded`]); then delivers
     /// lifecycle events as [`Engine::bridge`] does.
     pub(crate) async fn finish_run(
         &self,
@@ -78,6 +79,7 @@ impl Engine {
         lease: Lease,
         status: JobStatus,
         reason: Option<&str>,
+        superseded: Option<Superseded>,
     ) -> Result<RunFinished> {
         let store = Arc::clone(&self.store);
         let clock = Arc::clone(&self.clock);
@@ -88,6 +90,7 @@ impl Engine {
             reason: reason.map(str::to_string),
             lease: Some(lease),
             complete_run: true,
+            superseded,
         };
         let done = self
             .grouped

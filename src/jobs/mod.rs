@@ -247,6 +247,21 @@ pub struct FinishRequest {
     /// step run's acknowledgement, owner-guarded like [`crate::Store::finish`]), whenever the
     /// job's part committed ([`BridgeOutcome::Finished`] or [`BridgeOutcome::AlreadyFinal`]).
     pub complete_run: bool,
+    /// With `lease`: first, in the same transaction, the claims other runs of the same step
+    /// took for the job and the finishing output does not carry are released (what
+    /// [`crate::Store::release_superseded_claims`] does on its own), so they are not completed
+    /// with the job though never processed.
+    pub superseded: Option<Superseded>,
+}
+
+/// The finishing run's step and the claim tokens its output carries
+/// ([`FinishRequest::superseded`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superseded {
+    /// The step index the run executed.
+    pub step: i32,
+    /// The tokens of the claims the output holds (kept).
+    pub keep: Vec<String>,
 }
 
 /// What [`crate::Store::finish_jobs`] did with a group.

@@ -2,7 +2,7 @@
 //! (so a panic is caught), turn the result into a [`Finish`], and write it owner-guarded.
 
 use super::Runner;
-use crate::handler::{ActionContext, HandlerError, Settled};
+use crate::handler::{ActionContext, HandlerError, RunControl};
 use crate::store::{ClaimedAction, Finish, FinishResult};
 use crate::telemetry;
 use backon::{ExponentialBuilder, Retryable};
@@ -53,12 +53,12 @@ impl Runner {
                 / 1000.0;
             metrics::histogram!(telemetry::LAG, "hook" => action.hook.clone()).record(lag);
             let started = Instant::now();
-            let settled = Settled::default();
-            let end = self.run_handler(&action, &settled).await;
-            drop(slot);
+            let control = RunControl::new(slot);
+            let end = self.run_handler(&action, &control).await;
+            control.release_slot();
             metrics::histogram!(telemetry::RUN_DURATION, "hook" => action.hook.clone())
                 .record(started.elapsed().as_secs_f64());
-            if settled.is_set() {
+            if control.is_settled() {
                 // The handler's own committed transaction completed the action (a step that
                 // finished its job through the bridge): nothing is left to write, whatever
                 // happened to the handler after that commit.
@@ -74,7 +74,7 @@ impl Runner {
         .await
     }
 
-    fn context(&self, action: &ClaimedAction, settled: &Settled) -> ActionContext {
+    fn context(&self, action: &ClaimedAction, control: &RunControl) -> ActionContext {
         ActionContext {
             action_id: action.id,
             hook: action.hook.clone(),
@@ -85,15 +85,15 @@ impl Runner {
             scheduled_at: action.scheduled_at,
             token: action.token,
             queue: self.queue.clone(),
-            settled: settled.clone(),
+            run: control.clone(),
         }
     }
 
-    async fn run_handler(&self, action: &ClaimedAction, settled: &Settled) -> RunEnd {
+    async fn run_handler(&self, action: &ClaimedAction, control: &RunControl) -> RunEnd {
         let Some(handler) = self.registry.get(&action.hook) else {
             return RunEnd::UnknownHook;
         };
-        let mut task = AbortOnDrop(tokio::spawn(handler(self.context(action, settled))));
+        let mut task = AbortOnDrop(tokio::spawn(handler(self.context(action, control))));
         let timeout = action
             .timeout_ms
             .map(|ms| Duration::from_millis(ms.max(0) as u64))

@@ -10,7 +10,7 @@
 
 mod acks;
 mod execute;
-mod held;
+pub(crate) mod held;
 mod pool;
 mod prefetch;
 

@@ -216,6 +216,7 @@ mod tests {
             reason: None,
             lease: None,
             complete_run: false,
+            superseded: None,
         }
     }
 

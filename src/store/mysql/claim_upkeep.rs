@@ -100,37 +100,7 @@ pub(super) async fn release_superseded_claims(
             tx.rollback().await.map_err(Error::db(op))?;
             return Err(lost);
         }
-        let rows = sqlx::query(&format!("{SUPERSEDED} FOR UPDATE"))
-            .bind(job_id)
-            .bind(run.step)
-            .bind(run.lease.id)
-            .bind(run.lease.token)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(Error::db(op))?;
-        let mut ids = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let token = super::opt_text(row, "token").map_err(Error::db(op))?;
-            if !token.is_some_and(|t| keep_tokens.contains(&t)) {
-                ids.push(row.try_get::<i64, _>("id").map_err(Error::db(op))?);
-            }
-        }
-        let mut released = 0;
-        for chunk in ids.chunks(500) {
-            let mut qb: QueryBuilder<MySql> =
-                QueryBuilder::new("DELETE FROM dockhand_item_claims WHERE id IN (");
-            let mut list = qb.separated(", ");
-            for id in chunk {
-                list.push_bind(*id);
-            }
-            qb.push(")");
-            released += qb
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(Error::db(op))?
-                .rows_affected();
-        }
+        let released = release_in_tx(&mut tx, job_id, run, keep_tokens, op).await?;
         tx.commit().await.map_err(Error::db(op))?;
         Ok(released)
     })
@@ -156,4 +126,48 @@ pub(super) async fn run_fence(
     .await
     .map_err(Error::db(op))?;
     live.map(|_| ()).ok_or_else(|| lease.lost())
+}
+
+/// Releases, on the open transaction, the claims of `job_id` that another run of `run.step`
+/// took and that `keep_tokens` does not hold (locked first); the caller fenced the run's
+/// lease. How many were released.
+pub(super) async fn release_in_tx(
+    tx: &mut MySqlConnection,
+    job_id: i64,
+    run: ClaimRun,
+    keep_tokens: &[String],
+    op: &'static str,
+) -> Result<u64> {
+    let rows = sqlx::query(&format!("{SUPERSEDED} FOR UPDATE"))
+        .bind(job_id)
+        .bind(run.step)
+        .bind(run.lease.id)
+        .bind(run.lease.token)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+    let mut ids = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let token = super::opt_text(row, "token").map_err(Error::db(op))?;
+        if !token.is_some_and(|t| keep_tokens.contains(&t)) {
+            ids.push(row.try_get::<i64, _>("id").map_err(Error::db(op))?);
+        }
+    }
+    let mut released = 0;
+    for chunk in ids.chunks(500) {
+        let mut qb: QueryBuilder<MySql> =
+            QueryBuilder::new("DELETE FROM dockhand_item_claims WHERE id IN (");
+        let mut list = qb.separated(", ");
+        for id in chunk {
+            list.push_bind(*id);
+        }
+        qb.push(")");
+        released += qb
+            .build()
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(op))?
+            .rows_affected();
+    }
+    Ok(released)
 }

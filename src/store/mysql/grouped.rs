@@ -9,11 +9,13 @@
 //! ([`retry_deadlocks`]).
 
 use super::bridge::finish_in_tx;
+use super::claim_upkeep::release_in_tx;
 use super::connect::retry_deadlocks;
 use super::fence::child_finished;
 use super::finish::finish_on;
 use super::jobs::start_in_tx;
 use super::MySqlStore;
+use crate::claims::ClaimRun;
 use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
 use crate::jobs::{FinishRequest, GroupFinished, StepStart};
@@ -138,6 +140,13 @@ async fn finish_once(
             if !run_holds(&mut tx, lease, r.complete_run, now).await? {
                 group.lease_lost(i, lease);
                 continue;
+            }
+            if let Some(s) = &r.superseded {
+                let run = ClaimRun {
+                    step: s.step,
+                    lease,
+                };
+                release_in_tx(&mut tx, r.job_id, run, &s.keep, op).await?;
             }
         }
         let done = finish_in_tx(

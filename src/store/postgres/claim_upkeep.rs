@@ -75,6 +75,38 @@ pub(super) async fn release_superseded_claims(
     }
     let mut tx = store.begin(op).await?;
     run_fence(&mut tx, run.lease, op).await?;
+    let released = release_in_tx(&mut tx, job_id, run, keep_tokens, op).await?;
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok(released)
+}
+
+/// Fails with [`Error::LeaseLost`] unless action `lease.id` still runs under `lease.token`;
+/// `FOR SHARE` holds the action row until the caller commits, so the reaper (which skips
+/// locked rows) cannot expire the lease, nor a newer run claim the action, in between.
+async fn run_fence(conn: &mut PgConnection, lease: Lease, op: &'static str) -> Result<()> {
+    let live: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM dockhand_actions
+         WHERE id = $1 AND status = 'running' AND lease_token = $2
+         FOR SHARE",
+    )
+    .bind(lease.id)
+    .bind(lease.token)
+    .fetch_optional(conn)
+    .await
+    .map_err(Error::db(op))?;
+    live.map(|_| ()).ok_or_else(|| lease.lost())
+}
+
+/// Releases, on the open transaction, the claims of `job_id` that another run of `run.step`
+/// took and that `keep_tokens` does not hold (locked first); the caller fenced the run's
+/// lease. How many were released.
+pub(super) async fn release_in_tx(
+    tx: &mut PgConnection,
+    job_id: i64,
+    run: ClaimRun,
+    keep_tokens: &[String],
+    op: &'static str,
+) -> Result<u64> {
     let rows = sqlx::query(&superseded_sql(true))
         .bind(job_id)
         .bind(run.step)
@@ -95,23 +127,5 @@ pub(super) async fn release_superseded_claims(
         .execute(&mut *tx)
         .await
         .map_err(Error::db(op))?;
-    tx.commit().await.map_err(Error::db(op))?;
     Ok(done.rows_affected())
-}
-
-/// Fails with [`Error::LeaseLost`] unless action `lease.id` still runs under `lease.token`;
-/// `FOR SHARE` holds the action row until the caller commits, so the reaper (which skips
-/// locked rows) cannot expire the lease, nor a newer run claim the action, in between.
-async fn run_fence(conn: &mut PgConnection, lease: Lease, op: &'static str) -> Result<()> {
-    let live: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM dockhand_actions
-         WHERE id = $1 AND status = 'running' AND lease_token = $2
-         FOR SHARE",
-    )
-    .bind(lease.id)
-    .bind(lease.token)
-    .fetch_optional(conn)
-    .await
-    .map_err(Error::db(op))?;
-    live.map(|_| ()).ok_or_else(|| lease.lost())
 }

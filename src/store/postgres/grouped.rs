@@ -8,9 +8,11 @@
 //! ([`super::bridge::count_children`]). A deadlock re-runs the whole group.
 
 use super::bridge::{count_children, finish_in_tx};
+use super::claim_upkeep::release_in_tx;
 use super::finish::finish_on;
 use super::jobs::start_in_tx;
 use super::PgStore;
+use crate::claims::ClaimRun;
 use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
 use crate::jobs::{FinishRequest, GroupFinished, StepStart};
@@ -134,6 +136,13 @@ async fn finish_once(
             if !run_holds(&mut tx, &store.channel, lease, r.complete_run, now).await? {
                 group.lease_lost(i, lease);
                 continue;
+            }
+            if let Some(s) = &r.superseded {
+                let run = ClaimRun {
+                    step: s.step,
+                    lease,
+                };
+                release_in_tx(&mut tx, r.job_id, run, &s.keep, op).await?;
             }
         }
         let done = finish_in_tx(

@@ -1,10 +1,11 @@
 //! SQLite: a grouped bridge finish ([`crate::Store::finish_jobs`]) written set-based on the
 //! open write transaction. The single path ([`super::bridge::finish_in_tx`]) spends 6-7
-//! statements per job; here a group of any size costs one statement per kind of write: the step
-//! runs' acknowledgements, the jobs read, their claims read, the claims settled (processed,
-//! deleted) and released, the status compare-and-swap and the lifecycle events. Every statement
-//! is one hop to sqlx's worker thread, and the one writer runs them all, so this is what a
-//! batch's children cost the writer.
+//! statements per job; here a group of any size costs four round trips to sqlx's worker
+//! thread, whatever its size: the step runs' acknowledgements, the superseded claims' release,
+//! one batch reading the jobs and their claims, and one batch writing the settles, releases,
+//! status compare-and-swaps and lifecycle events. Each round trip is a hop between threads
+//! (the profile of W4 is mostly the kernel switching them), and the one writer runs them all,
+//! so this is what a batch's children cost the writer.
 //!
 //! The decisions are the single path's, per request in job order: a lost lease leaves its job
 //! alone, a job already final (or finished earlier in the same group) is
@@ -24,7 +25,7 @@ use crate::state::JobStatus;
 use crate::store::finish_group::{job_order, GroupOutcomes, InTx, RollBack};
 use crate::store::Finish;
 use chrono::{DateTime, Utc};
-use sqlx::{Row, SqliteConnection};
+use sqlx::{Column, Row, SqliteConnection};
 use std::collections::{HashMap, HashSet};
 
 /// What a set-based group finish did on the transaction.
@@ -81,18 +82,55 @@ async fn runs_held(
     Ok(held)
 }
 
-/// The group's jobs by id, read in one statement.
-async fn read_jobs(tx: &mut SqliteConnection, ids: &[i64]) -> Result<HashMap<i64, Job>> {
-    let rows = sqlx::query(&format!(
-        "SELECT {JOB_COLUMNS} FROM dockhand_jobs WHERE id IN (SELECT value FROM json_each(?))"
-    ))
-    .bind(json(&ids, "job ids")?)
-    .fetch_all(&mut *tx)
+/// The claims other runs of the finishing steps took and the outputs do not carry, released
+/// for every held request that names them ([`FinishRequest::superseded`]), in one statement.
+/// A claim with no step run recorded (`run_action` NULL) is nobody's superseded claim.
+async fn release_superseded(
+    tx: &mut SqliteConnection,
+    reqs: &[FinishRequest],
+    held: &[bool],
+) -> Result<()> {
+    #[derive(serde::Serialize)]
+    struct Run<'a> {
+        job: i64,
+        step: i32,
+        action: i64,
+        token: i64,
+        keep: &'a [String],
+    }
+    let runs: Vec<Run<'_>> = reqs
+        .iter()
+        .zip(held)
+        .filter(|(_, h)| **h)
+        .filter_map(|(r, _)| {
+            let (lease, s) = (r.lease?, r.superseded.as_ref()?);
+            Some(Run {
+                job: r.job_id,
+                step: s.step,
+                action: lease.id,
+                token: lease.token,
+                keep: &s.keep,
+            })
+        })
+        .collect();
+    if runs.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "DELETE FROM dockhand_item_claims WHERE id IN (
+             SELECT c.id FROM json_each(?) AS r
+             JOIN dockhand_item_claims c ON c.job_id = json_extract(r.value, '$.job')
+             WHERE c.status = 'claimed' AND c.run_step = json_extract(r.value, '$.step')
+               AND (c.run_action <> json_extract(r.value, '$.action')
+                    OR c.run_token <> json_extract(r.value, '$.token'))
+               AND (c.token IS NULL
+                    OR c.token NOT IN (SELECT k.value FROM json_each(r.value, '$.keep') AS k)))",
+    )
+    .bind(json(&runs, "step runs")?)
+    .execute(&mut *tx)
     .await
-    .map_err(Error::db("finish_jobs (jobs)"))?;
-    rows.iter()
-        .map(|row| job_from_row(row).map(|j| (j.id, j)))
-        .collect()
+    .map_err(Error::db("finish_jobs (superseded claims)"))?;
+    Ok(())
 }
 
 /// One claim a finishing job owns.
@@ -103,30 +141,44 @@ struct OwnedClaim {
     completion: Option<String>,
 }
 
-/// The claims the group's succeeding jobs own, by job, oldest first, in one statement.
-async fn read_claims(
-    tx: &mut SqliteConnection,
-    jobs: &[i64],
-) -> Result<HashMap<i64, Vec<OwnedClaim>>> {
-    let mut by_job: HashMap<i64, Vec<OwnedClaim>> = HashMap::new();
-    if jobs.is_empty() {
-        return Ok(by_job);
-    }
-    let rows = sqlx::query(
-        "SELECT id, job_id, scope, source_type, item_id, token, completion
+/// What the group reads: its jobs by id, and the claims its succeeding jobs own by job,
+/// oldest first.
+struct ReadSet {
+    jobs: HashMap<i64, Job>,
+    claims: HashMap<i64, Vec<OwnedClaim>>,
+}
+
+/// Reads the group's jobs and the claims of its succeeding jobs in one batch of
+/// two statements (one hop); a claim row is told from a job row by its first column.
+async fn read_set(tx: &mut SqliteConnection, jobs: &[i64], succeeding: &[i64]) -> Result<ReadSet> {
+    // One JSON parameter for both statements (see [`WRITE_SET`] on sqlx's batch binding).
+    let ids = serde_json::json!({ "jobs": jobs, "succeeding": succeeding });
+    let rows = sqlx::query(&format!(
+        "SELECT {JOB_COLUMNS} FROM dockhand_jobs
+         WHERE id IN (SELECT value FROM json_each(?1, '$.jobs'));
+         SELECT id AS claim_id, job_id, scope, source_type, item_id, token, completion
          FROM dockhand_item_claims
-         WHERE job_id IN (SELECT value FROM json_each(?)) AND status = 'claimed'
-         ORDER BY id",
-    )
-    .bind(json(&jobs, "job ids")?)
+         WHERE job_id IN (SELECT value FROM json_each(?1, '$.succeeding')) AND status = 'claimed'
+         ORDER BY id"
+    ))
+    .bind(json(&ids, "job ids")?)
     .fetch_all(&mut *tx)
     .await
-    .map_err(Error::db("finish_jobs (claims)"))?;
+    .map_err(Error::db("finish_jobs (read)"))?;
+    let mut set = ReadSet {
+        jobs: HashMap::with_capacity(jobs.len()),
+        claims: HashMap::new(),
+    };
     let d = || Error::db("decode item claim");
     for row in rows {
+        if row.columns().first().map(|c| c.name()) != Some("claim_id") {
+            let job = job_from_row(&row)?;
+            set.jobs.insert(job.id, job);
+            continue;
+        }
         let job: i64 = row.try_get("job_id").map_err(d())?;
-        by_job.entry(job).or_default().push(OwnedClaim {
-            id: row.try_get("id").map_err(d())?,
+        set.claims.entry(job).or_default().push(OwnedClaim {
+            id: row.try_get("claim_id").map_err(d())?,
             identity: Identity {
                 scope: row.try_get("scope").map_err(d())?,
                 source_type: row.try_get("source_type").map_err(d())?,
@@ -136,7 +188,7 @@ async fn read_claims(
             completion: row.try_get("completion").map_err(d())?,
         });
     }
-    Ok(by_job)
+    Ok(set)
 }
 
 /// The handler-less claims of succeeding jobs, settled together after the group's handlers ran.
@@ -201,7 +253,34 @@ struct Transition<'a> {
     was: &'a str,
 }
 
-/// The group's writes, each kind in one statement.
+/// The group's writes: each kind one statement, all of them sent as one batch (one hop to
+/// the writer's worker thread; an empty list makes its statement a no-op). `?1` is one JSON
+/// object holding every list (`processed`, `deleted` claim ids, `released` job ids, `moves`),
+/// `?2` the time: sqlx binds a batch's `?NNN` parameters per statement and stops at a gap it
+/// cannot fill, so every statement uses `?1` and, when it needs the time, `?2` (no gaps).
+/// Only the status compare-and-swap returns rows (one per job moved).
+const WRITE_SET: &str = "
+UPDATE dockhand_item_claims SET status = 'processed', processed_at = ?2, token = NULL
+ WHERE id IN (SELECT value FROM json_each(?1, '$.processed'));
+DELETE FROM dockhand_item_claims WHERE id IN (SELECT value FROM json_each(?1, '$.deleted'));
+DELETE FROM dockhand_item_claims
+ WHERE job_id IN (SELECT value FROM json_each(?1, '$.released')) AND status = 'claimed';
+UPDATE dockhand_jobs SET status = m.status, reason = m.reason, finished_at = ?2, updated_at = ?2
+  FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.status') AS status,
+               json_extract(value, '$.reason') AS reason, json_extract(value, '$.was') AS was
+        FROM json_each(?1, '$.moves')) AS m
+ WHERE dockhand_jobs.id = m.id AND dockhand_jobs.status = m.was
+ RETURNING dockhand_jobs.id AS moved_id;
+INSERT INTO dockhand_job_events (job_id, status, reason, created_at)
+ SELECT json_extract(value, '$.id'), json_extract(value, '$.status'),
+        json_extract(value, '$.reason'), ?2
+ FROM json_each(?1, '$.moves') WHERE true
+ ON CONFLICT (job_id) DO UPDATE SET status = excluded.status,
+     reason = excluded.reason, created_at = excluded.created_at, delivered_at = NULL";
+
+/// Writes the group's settles, releases, final statuses and events ([`WRITE_SET`]). The event
+/// is one per job (unique `job_id`), replaced undelivered when a row is already there, as the
+/// single path does.
 async fn write_set(
     tx: &mut SqliteConnection,
     settles: &Settles,
@@ -209,78 +288,33 @@ async fn write_set(
     moves: &[Transition<'_>],
     now: DateTime<Utc>,
 ) -> Result<()> {
-    let op = "finish_jobs";
-    let now_ms = ms(now);
-    if !settles.processed.is_empty() {
-        sqlx::query(
-            "UPDATE dockhand_item_claims SET status = 'processed', processed_at = ?, token = NULL
-             WHERE id IN (SELECT value FROM json_each(?))",
-        )
-        .bind(now_ms)
-        .bind(json(&settles.processed, "claim ids")?)
-        .execute(&mut *tx)
+    #[derive(serde::Serialize)]
+    struct Lists<'a> {
+        processed: &'a [i64],
+        deleted: &'a [i64],
+        released: &'a [i64],
+        moves: &'a [Transition<'a>],
+    }
+    let lists = Lists {
+        processed: &settles.processed,
+        deleted: &settles.deleted,
+        released,
+        moves,
+    };
+    let moved: Vec<i64> = sqlx::query_scalar(WRITE_SET)
+        .bind(json(&lists, "finish lists")?)
+        .bind(ms(now))
+        .fetch_all(&mut *tx)
         .await
-        .map_err(Error::db("finish_jobs (settle)"))?;
-    }
-    if !settles.deleted.is_empty() {
-        sqlx::query(
-            "DELETE FROM dockhand_item_claims WHERE id IN (SELECT value FROM json_each(?))",
-        )
-        .bind(json(&settles.deleted, "claim ids")?)
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::db("finish_jobs (settle)"))?;
-    }
-    if !released.is_empty() {
-        sqlx::query(
-            "DELETE FROM dockhand_item_claims
-             WHERE job_id IN (SELECT value FROM json_each(?)) AND status = 'claimed'",
-        )
-        .bind(json(&released, "job ids")?)
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::db("finish_jobs (release claims)"))?;
-    }
-    if moves.is_empty() {
-        return Ok(());
-    }
-    let moves_json = json(&moves, "job transitions")?;
-    let done = sqlx::query(
-        "UPDATE dockhand_jobs SET status = m.status, reason = m.reason, finished_at = ?1,
-             updated_at = ?1
-         FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.status') AS status,
-                      json_extract(value, '$.reason') AS reason, json_extract(value, '$.was') AS was
-               FROM json_each(?2)) AS m
-         WHERE dockhand_jobs.id = m.id AND dockhand_jobs.status = m.was",
-    )
-    .bind(now_ms)
-    .bind(&moves_json)
-    .execute(&mut *tx)
-    .await
-    .map_err(Error::db(op))?;
-    if done.rows_affected() != moves.len() as u64 {
+        .map_err(Error::db("finish_jobs"))?;
+    if moved.len() != moves.len() {
         // Unreachable under the write lock; never report a write that did not happen.
         return Err(Error::Config(format!(
             "finish_jobs: {} of {} jobs changed under the write lock",
-            moves.len() as u64 - done.rows_affected(),
+            moves.len().saturating_sub(moved.len()),
             moves.len()
         )));
     }
-    // One event per job (unique job_id), replaced undelivered when a row is already there (as
-    // the single path does).
-    sqlx::query(
-        "INSERT INTO dockhand_job_events (job_id, status, reason, created_at)
-         SELECT json_extract(value, '$.id'), json_extract(value, '$.status'),
-                json_extract(value, '$.reason'), ?1
-         FROM json_each(?2) WHERE true
-         ON CONFLICT (job_id) DO UPDATE SET status = excluded.status,
-             reason = excluded.reason, created_at = excluded.created_at, delivered_at = NULL",
-    )
-    .bind(now_ms)
-    .bind(&moves_json)
-    .execute(&mut *tx)
-    .await
-    .map_err(Error::db("finish_jobs (events)"))?;
     Ok(())
 }
 
@@ -293,6 +327,7 @@ pub(super) async fn finish_set(
     now: DateTime<Utc>,
 ) -> Result<SetFinished> {
     let held = runs_held(tx, reqs, now).await?;
+    release_superseded(tx, reqs, &held).await?;
     let mut ids: Vec<i64> = reqs
         .iter()
         .zip(&held)
@@ -301,15 +336,15 @@ pub(super) async fn finish_set(
         .collect();
     ids.sort_unstable();
     ids.dedup();
-    let jobs = read_jobs(tx, &ids).await?;
+    // The claims of every held success request are read with the jobs; those of a job found
+    // final are not used.
     let succeeding: Vec<i64> = reqs
         .iter()
         .zip(&held)
         .filter(|(r, h)| **h && r.status.is_success())
-        .filter(|(r, _)| jobs.get(&r.job_id).is_some_and(|j| !j.status.is_final()))
         .map(|(r, _)| r.job_id)
         .collect();
-    let mut claims = read_claims(tx, &succeeding).await?;
+    let ReadSet { jobs, mut claims } = read_set(tx, &ids, &succeeding).await?;
     let mut group = GroupOutcomes::new(reqs.len());
     let mut settles = Settles::default();
     let mut released = Vec::new();

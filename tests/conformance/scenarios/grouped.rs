@@ -29,6 +29,7 @@ fn req(job_id: i64, status: JobStatus) -> FinishRequest {
         reason: None,
         lease: None,
         complete_run: false,
+        superseded: None,
     }
 }
 
