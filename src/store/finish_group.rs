@@ -115,6 +115,14 @@ impl GroupOutcomes {
     }
 }
 
+/// What a backend's set-based group finish did on its open transaction.
+pub(crate) enum SetFinished {
+    /// Every request's part is written (uncommitted): the outcomes, and the parents to bump.
+    Written(GroupOutcomes),
+    /// A claim completion failed: the caller must roll back.
+    RollBack(RollBack),
+}
+
 /// The indexes of `ids` in ascending id order (stable: equal ids keep their request order).
 pub(crate) fn job_order(ids: impl Iterator<Item = i64>) -> Vec<usize> {
     let mut order: Vec<(i64, usize)> = ids.enumerate().map(|(i, id)| (id, i)).collect();

@@ -284,7 +284,7 @@ async fn complete_claims(
 
 /// A locked claim row's id, its handler context and its completion config (the default config
 /// when none was stored).
-fn claim_context(
+pub(super) fn claim_context(
     row: &PgRow,
     job_id: i64,
     now: DateTime<Utc>,

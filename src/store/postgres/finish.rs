@@ -87,27 +87,38 @@ pub(super) async fn finish_many(
     Ok(out)
 }
 
-/// Completes every lease still running under its token and logs `completed` for each, in one
-/// statement; returns the ids that were.
+/// Completes every lease still running under its token, in one statement; returns the ids
+/// that were.
 async fn complete_set(
     tx: &mut PgConnection,
     leases: &[Lease],
     now: DateTime<Utc>,
 ) -> Result<std::collections::HashSet<i64>> {
+    let done = complete_leases(tx, leases, now).await?;
+    Ok(done.into_iter().map(|(id, _)| id).collect())
+}
+
+/// Completes every lease still running under its token, in one statement (an UPDATE … FROM
+/// UNNEST guarded per row by id + token + status); returns the `(id, token)` pairs that were.
+pub(super) async fn complete_leases(
+    tx: &mut PgConnection,
+    leases: &[Lease],
+    now: DateTime<Utc>,
+) -> Result<std::collections::HashSet<(i64, i64)>> {
     if leases.is_empty() {
         return Ok(Default::default());
     }
     let ids: Vec<i64> = leases.iter().map(|l| l.id).collect();
     let tokens: Vec<i64> = leases.iter().map(|l| l.token).collect();
-    let done: Vec<i64> = sqlx::query_scalar(
+    let done: Vec<(i64, i64)> = sqlx::query_as(
         "WITH done AS (
              UPDATE dockhand_actions a
              SET status = 'complete', finished_at = $3, lease_owner = NULL, lease_until = NULL
              FROM UNNEST($1::bigint[], $2::bigint[]) AS l(id, token)
              WHERE a.id = ANY($1::bigint[]) AND a.id = l.id AND a.lease_token = l.token
                AND a.status = 'running'
-             RETURNING a.id)
-         SELECT id FROM done",
+             RETURNING a.id, a.lease_token)
+         SELECT id, lease_token FROM done",
     )
     .bind(ids)
     .bind(tokens)

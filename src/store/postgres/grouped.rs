@@ -2,25 +2,22 @@
 //! [`crate::Store::finish_jobs`]): several jobs' transitions in one transaction, so c
 //! concurrently running children of one parent cost one transaction (and one wait on the
 //! parent's row lock) where they cost c. The group's job rows are locked first, in id order,
-//! so concurrent groups cannot deadlock on each other; each job's part is then the single
-//! path's own code ([`super::jobs::start_in_tx`], [`super::bridge::finish_in_tx`]), and a
-//! group's parents get their counters bumped once each, in id order, with the summed deltas
-//! ([`super::bridge::count_children`]). A deadlock re-runs the whole group.
+//! so concurrent groups cannot deadlock on each other; a start is then the single path's own
+//! code per job ([`super::jobs::start_in_tx`]), a finish is written set-based
+//! ([`super::finish_set::finish_set`]), and a group's parents get their counters bumped once
+//! each, in id order, with the summed deltas ([`super::bridge::count_children`]). A deadlock
+//! re-runs the whole group.
 
-use super::bridge::{count_children, finish_in_tx};
-use super::claim_upkeep::release_in_tx;
-use super::finish::finish_on;
+use super::bridge::count_children;
+use super::finish_set::finish_set;
 use super::jobs::start_in_tx;
 use super::PgStore;
-use crate::claims::ClaimRun;
 use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
 use crate::jobs::{FinishRequest, GroupFinished, StepStart};
-use crate::store::finish_group::{
-    check_final, in_request_order, job_order, GroupOutcomes, RollBack,
-};
+use crate::store::finish_group::{check_final, in_request_order, job_order, RollBack, SetFinished};
 use crate::store::rerun::rerun_transaction;
-use crate::store::{Finish, FinishResult, Lease};
+use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
@@ -67,7 +64,7 @@ pub(super) async fn start_steps(
 
 /// Whether `lease` is still a running action's, on the open transaction (its row share-locked
 /// until commit, so the reaper cannot take it meanwhile).
-async fn lease_live(conn: &mut PgConnection, lease: Lease) -> Result<bool> {
+pub(super) async fn lease_live(conn: &mut PgConnection, lease: Lease) -> Result<bool> {
     let row: Option<(i32,)> = sqlx::query_as(
         "SELECT 1 FROM dockhand_actions
          WHERE id = $1 AND status = 'running' AND lease_token = $2 FOR SHARE",
@@ -78,24 +75,6 @@ async fn lease_live(conn: &mut PgConnection, lease: Lease) -> Result<bool> {
     .await
     .map_err(Error::db("finish_jobs (lease)"))?;
     Ok(row.is_some())
-}
-
-/// Whether a request's step run still holds `lease`, on the open transaction; with
-/// `complete` (the request's [`FinishRequest::complete_run`]) the action is completed under it
-/// there and then, owner-guarded as the runner's acknowledgement would be
-/// ([`super::finish::finish_on`]; a lost lease leaves its `lease_lost` log row).
-async fn run_holds(
-    conn: &mut PgConnection,
-    channel: &str,
-    lease: Lease,
-    complete: bool,
-    now: DateTime<Utc>,
-) -> Result<bool> {
-    if complete {
-        let done = finish_on(&mut *conn, channel, lease, &Finish::Complete, now).await?;
-        return Ok(matches!(done, FinishResult::Applied));
-    }
-    lease_live(conn, lease).await
 }
 
 /// See [`crate::Store::finish_jobs`].
@@ -129,36 +108,13 @@ async fn finish_once(
     let op = "finish_jobs";
     let mut tx = store.begin(op).await?;
     lock_jobs(&mut tx, reqs.iter().map(|r| r.job_id), op).await?;
-    let mut group = GroupOutcomes::new(reqs.len());
-    for i in job_order(reqs.iter().map(|r| r.job_id)) {
-        let r = &reqs[i];
-        if let Some(lease) = r.lease {
-            if !run_holds(&mut tx, &store.channel, lease, r.complete_run, now).await? {
-                group.lease_lost(i, lease);
-                continue;
-            }
-            if let Some(s) = &r.superseded {
-                let run = ClaimRun {
-                    step: s.step,
-                    lease,
-                };
-                release_in_tx(&mut tx, r.job_id, run, &s.keep, op).await?;
-            }
-        }
-        let done = finish_in_tx(
-            &mut tx,
-            r.job_id,
-            r.status,
-            r.reason.as_deref(),
-            completions,
-            now,
-        )
-        .await;
-        if let Some(RollBack { job_id, error }) = group.record(i, r, done)? {
+    let group = match finish_set(&mut tx, reqs, completions, now).await? {
+        SetFinished::Written(group) => group,
+        SetFinished::RollBack(RollBack { job_id, error }) => {
             tx.rollback().await.map_err(Error::db(op))?;
             return Ok((GroupFinished::RolledBack { job_id, error }, false));
         }
-    }
+    };
     let mut due = false;
     for (parent, deltas) in group.parents() {
         due |= count_children(&mut tx, store, parent, deltas, now).await?;

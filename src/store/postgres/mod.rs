@@ -27,6 +27,7 @@ mod claims;
 mod connect;
 mod enqueue;
 mod finish;
+mod finish_set;
 mod gauges;
 mod grouped;
 mod jobs;

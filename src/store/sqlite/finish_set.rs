@@ -22,19 +22,11 @@ use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identit
 use crate::error::{Error, Result};
 use crate::jobs::{FinishRequest, Job};
 use crate::state::JobStatus;
-use crate::store::finish_group::{job_order, GroupOutcomes, InTx, RollBack};
+use crate::store::finish_group::{job_order, GroupOutcomes, InTx, SetFinished};
 use crate::store::Finish;
 use chrono::{DateTime, Utc};
 use sqlx::{Column, Row, SqliteConnection};
 use std::collections::{HashMap, HashSet};
-
-/// What a set-based group finish did on the transaction.
-pub(super) enum SetFinished {
-    /// Every request's part is written (uncommitted): the outcomes, and the parents to bump.
-    Written(GroupOutcomes),
-    /// A claim completion failed: the caller must roll back.
-    RollBack(RollBack),
-}
 
 fn json<T: serde::Serialize>(v: &T, what: &'static str) -> Result<String> {
     serde_json::to_string(v).map_err(|e| Error::invalid(what, e.to_string()))

@@ -9,14 +9,14 @@
 //! each, with the summed deltas ([`super::fence::child_finished`]).
 
 use super::fence::child_finished;
-use super::finish_set::{finish_set, SetFinished};
+use super::finish_set::finish_set;
 use super::jobs::{job_from_row, JOB_COLUMNS};
 use super::{ms, SqliteStore};
 use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
 use crate::jobs::{FinishRequest, GroupFinished, StepStart};
 use crate::state::{step_gate, JobStatus, ParentView, StepGate};
-use crate::store::finish_group::{check_final, in_request_order, job_order, RollBack};
+use crate::store::finish_group::{check_final, in_request_order, job_order, RollBack, SetFinished};
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::{Row, SqliteConnection};
