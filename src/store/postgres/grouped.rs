@@ -2,24 +2,26 @@
 //! [`crate::Store::finish_jobs`]): several jobs' transitions in one transaction, so c
 //! concurrently running children of one parent cost one transaction (and one wait on the
 //! parent's row lock) where they cost c. The group's job rows are locked first, in id order,
-//! so concurrent groups cannot deadlock on each other; a start is then the single path's own
-//! code per job ([`super::jobs::start_in_tx`]), a finish is written set-based
+//! so concurrent groups cannot deadlock on each other; a start group then reads and writes
+//! in one statement each, deciding per job as the single path does ([`step_gate`]), a finish is written set-based
 //! ([`super::finish_set::finish_set`]), and a group's parents get their counters bumped once
 //! each, in id order, with the summed deltas ([`super::bridge::count_children`]). A deadlock
 //! re-runs the whole group.
 
 use super::bridge::count_children;
 use super::finish_set::finish_set;
-use super::jobs::start_in_tx;
-use super::PgStore;
+use super::jobs::{job_from_row, COLUMNS};
+use super::{ts, PgStore};
 use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
-use crate::jobs::{FinishRequest, GroupFinished, StepStart};
+use crate::jobs::{FinishRequest, GroupFinished, Job, StepStart};
+use crate::state::{step_gate, JobStatus, ParentView, StepGate};
 use crate::store::finish_group::{check_final, in_request_order, job_order, RollBack, SetFinished};
 use crate::store::rerun::rerun_transaction;
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Row};
+use std::collections::HashMap;
 
 /// Locks the rows of `ids` (jobs) in id order.
 async fn lock_jobs(
@@ -38,7 +40,10 @@ async fn lock_jobs(
     Ok(())
 }
 
-/// See [`crate::Store::start_steps`].
+/// See [`crate::Store::start_steps`]: the group's job rows locked in id order, then read with
+/// their parents (share-locked, in id order) in two statements, the single path's decision
+/// ([`step_gate`]) per request in job order, and the starts written in one statement (a job
+/// that appears twice is seen started by its second request, as the single path would see it).
 pub(super) async fn start_steps(
     store: &PgStore,
     reqs: &[(i64, i32)],
@@ -51,10 +56,90 @@ pub(super) async fn start_steps(
         let op = "start_steps";
         let mut tx = store.begin(op).await?;
         lock_jobs(&mut tx, reqs.iter().map(|r| r.0), op).await?;
-        let mut out = vec![None; reqs.len()];
+        let ids: Vec<i64> = reqs.iter().map(|r| r.0).collect();
+        let rows = sqlx::query(&format!(
+            "SELECT {COLUMNS}, batch_state IS NOT NULL AS fanned_out
+             FROM dockhand_jobs WHERE id = ANY($1)"
+        ))
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+        let mut jobs: HashMap<i64, (Job, bool)> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let job = job_from_row(row)?;
+            let fanned_out: bool = row.try_get("fanned_out").map_err(Error::db(op))?;
+            jobs.insert(job.id, (job, fanned_out));
+        }
+        // The parents in share mode: an operator's stop (which locks a parent for update) and
+        // these starts are ordered, so a child either started before the stop committed or
+        // sees it.
+        let mut parent_ids: Vec<i64> = jobs.values().filter_map(|(j, _)| j.parent_id).collect();
+        parent_ids.sort_unstable();
+        parent_ids.dedup();
+        let mut parents: HashMap<i64, (JobStatus, Option<String>)> = HashMap::new();
+        if !parent_ids.is_empty() {
+            let rows: Vec<(i64, String, Option<String>)> = sqlx::query_as(
+                "SELECT id, status, batch_outcome FROM dockhand_jobs
+                 WHERE id = ANY($1) ORDER BY id FOR SHARE",
+            )
+            .bind(&parent_ids)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
+            for (id, status, outcome) in rows {
+                parents.insert(id, (super::batch::parse_status(id, &status)?, outcome));
+            }
+        }
+        let mut out: Vec<Option<StepStart>> = vec![None; reqs.len()];
+        let mut starts: Vec<i64> = Vec::new();
         for i in job_order(reqs.iter().map(|r| r.0)) {
-            let (job, step) = reqs[i];
-            out[i] = Some(start_in_tx(&mut tx, job, step, now).await?);
+            let (job_id, step) = reqs[i];
+            let Some((job, fanned_out)) = jobs.get_mut(&job_id) else {
+                out[i] = Some(StepStart::Stale);
+                continue;
+            };
+            let view = job
+                .parent_id
+                .and_then(|p| parents.get(&p))
+                .map(|(status, outcome)| ParentView {
+                    status: *status,
+                    outcome: outcome.as_deref(),
+                });
+            out[i] = Some(
+                match step_gate(job.status, job.step_index == step, *fanned_out, view) {
+                    StepGate::Stale => StepStart::Stale,
+                    StepGate::ParentStopped => StepStart::ParentStopped(job.clone()),
+                    StepGate::FannedOut => StepStart::FannedOut(job.clone()),
+                    StepGate::Run => StepStart::Run(job.clone()),
+                    StepGate::Start => {
+                        job.status = JobStatus::Processing;
+                        job.updated_at = crate::clock::to_millis(now);
+                        starts.push(job_id);
+                        StepStart::Run(job.clone())
+                    }
+                },
+            );
+        }
+        if !starts.is_empty() {
+            let done = sqlx::query(
+                "UPDATE dockhand_jobs SET status = 'processing', updated_at = $2
+                 WHERE id = ANY($1) AND status = 'pending'",
+            )
+            .bind(&starts)
+            .bind(ts(now))
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
+            if done.rows_affected() != starts.len() as u64 {
+                // Unreachable while the row locks hold; never report a start that did not
+                // happen.
+                return Err(Error::Config(format!(
+                    "start_steps: {} of {} jobs changed under their row locks",
+                    starts.len() as u64 - done.rows_affected(),
+                    starts.len()
+                )));
+            }
         }
         tx.commit().await.map_err(Error::db(op))?;
         in_request_order(out)
