@@ -260,6 +260,7 @@ impl RuntimeBuilder {
             delivers_events: true,
             delivering: tokio::sync::Mutex::new(()),
             grouped: Default::default(),
+            packet_cache: Default::default(),
         });
         if !engine.pipelines.pipelines.is_empty() {
             let e = Arc::clone(&engine);

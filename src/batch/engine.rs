@@ -285,9 +285,21 @@ impl Engine {
             )
             .await
             .map_err(retry)?;
+        // The packets of the rows that can become children, in one read; each body verified
+        // is kept in the engine's cache for the child's step run.
+        let hashes: Vec<&str> = rows
+            .iter()
+            .filter(|row| row.sidecar_error.is_none())
+            .filter_map(|row| packets::parse_ref(&row.payload_ref).ok())
+            .collect();
+        let bodies = if hashes.is_empty() {
+            Default::default()
+        } else {
+            self.store.packet_bodies(&hashes).await.map_err(retry)?
+        };
         // Rows whose packet cannot be read are settled; the rest become children together.
         let mut specs = Vec::with_capacity(rows.len());
-        for row in rows {
+        for row in &rows {
             let settle = match (&row.sidecar_error, packets::parse_ref(&row.payload_ref)) {
                 (Some(e), _) => RowSettle::Discard {
                     reason: format!("corrupt sidecar: {e}"),
@@ -296,12 +308,15 @@ impl Engine {
                     reason: format!("hydration failed: {e}"),
                 },
                 (None, Ok(hash)) => {
-                    let body = self.store.packet_body(hash).await.map_err(retry)?;
-                    match packets::verify(&row.payload_ref, body) {
+                    let body = bodies.get(hash);
+                    match packets::verify(&row.payload_ref, body.cloned()) {
                         Err(e) => RowSettle::Discard {
                             reason: format!("hydration failed: {e}"),
                         },
                         Ok(_) => {
+                            if let Some(body) = body {
+                                self.packet_cache.put(hash, body);
+                            }
                             specs.push(ChildSpec {
                                 parent_id: parent,
                                 idx: row.idx,

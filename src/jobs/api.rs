@@ -373,6 +373,7 @@ impl Jobs {
             delivers_events: false,
             delivering: tokio::sync::Mutex::new(()),
             grouped: Default::default(),
+            packet_cache: Default::default(),
         }))
     }
 

@@ -70,6 +70,8 @@ pub struct Engine {
     pub(crate) delivering: tokio::sync::Mutex<()>,
     /// Group commit of concurrently running steps' starts and finishes.
     pub(crate) grouped: super::grouped::Grouped,
+    /// Packet bodies the chunk action verified, for its children's step runs.
+    pub(crate) packet_cache: super::packet_cache::PacketCache,
 }
 
 impl std::fmt::Debug for Engine {
@@ -213,11 +215,7 @@ impl Engine {
                 Ok(h) => h,
                 Err(e) => return self.unrunnable(job_id, &ack, e.to_string()).await,
             };
-            let body = self
-                .store
-                .packet_body(hash)
-                .await
-                .map_err(HandlerError::retry)?;
+            let body = self.input_body(hash).await.map_err(HandlerError::retry)?;
             match packets::verify(r, body) {
                 Ok(v) => inputs.push(v),
                 Err(e) => return self.unrunnable(job_id, &ack, e.to_string()).await,

@@ -331,6 +331,12 @@ macro_rules! delegate_store {
             async fn packet_body(&self, hash: &str) -> Result<Option<String>> {
                 $around!(self, "packet_body", self.inner.packet_body(hash))
             }
+            async fn packet_bodies(
+                &self,
+                hashes: &[&str],
+            ) -> Result<std::collections::HashMap<String, String>> {
+                $around!(self, "packet_bodies", self.inner.packet_bodies(hashes))
+            }
             async fn claim_item(
                 &self,
                 req: &ClaimItemRequest,

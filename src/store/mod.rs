@@ -403,6 +403,27 @@ pub trait Store: Send + Sync + 'static {
     /// A stored packet body by hash (unverified; see `jobs::packets::verify`).
     async fn packet_body(&self, hash: &str) -> Result<Option<String>>;
 
+    /// The stored bodies of many packets by hash, in one read (one statement on each backend;
+    /// MySQL splits a very long list under its placeholder limit): a map from each hash that is
+    /// stored to its body (unverified, as [`Store::packet_body`]). A hash with no stored packet
+    /// is absent from the map; repeated hashes are read once; an empty list reads nothing.
+    /// The chunk action hydrates its rows with it.
+    async fn packet_bodies(
+        &self,
+        hashes: &[&str],
+    ) -> Result<std::collections::HashMap<String, String>> {
+        let mut found = std::collections::HashMap::with_capacity(hashes.len());
+        for &hash in hashes {
+            if found.contains_key(hash) {
+                continue;
+            }
+            if let Some(body) = self.packet_body(hash).await? {
+                found.insert(hash.to_string(), body);
+            }
+        }
+        Ok(found)
+    }
+
     // ----- item claims (C1–C8) ------------------------------------------------------------
 
     /// One atomic statement or transaction (C2): absent, deferred, expired (takeover) or —

@@ -134,6 +134,10 @@ conformance!(
     refan_cancel_before_the_fan_out_then_retry_runs_the_split,
     regression_refan_cancel_after_the_fan_out_then_retry_resumes_the_batch,
     regression_malformed_sidecar_releases_by_job,
+    // Packet reads on the batch path (issue 16, W4)
+    packet_bodies_reads_found_leaves_out_missing_and_reads_nothing_for_none,
+    batch_chunk_reads_its_packets_once_and_children_reuse_them,
+    batch_hydration_failures_settle_only_their_rows_with_their_reason,
     // Failure routes through the fault-injection store
     fault_bridge_fails_before_then_retry_finishes_once,
     fault_bridge_commits_but_ack_lost,

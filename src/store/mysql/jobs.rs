@@ -25,6 +25,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
+use std::collections::HashMap;
 
 /// The columns [`job_from_row`] decodes.
 pub(super) const JOB_COLUMNS: &str = "id, pipeline, status, reason, step_index, input_refs,
@@ -698,4 +699,35 @@ pub(super) async fn packet_body(store: &MySqlStore, hash: &str) -> Result<Option
         .await
         .map_err(Error::db("packet_body"))?;
     row.as_ref().map(|r| text(r, "body")).transpose()
+}
+
+/// Hashes per statement of [`packet_bodies`], well under MySQL's 65,535 placeholders.
+const HASHES_PER_STATEMENT: usize = 1_000;
+
+/// The stored bodies of `hashes`: one `IN (…)` statement per [`HASHES_PER_STATEMENT`] hashes
+/// (one for a chunk's rows).
+pub(super) async fn packet_bodies(
+    store: &MySqlStore,
+    hashes: &[&str],
+) -> Result<HashMap<String, String>> {
+    let op = "packet_bodies";
+    let mut found = HashMap::with_capacity(hashes.len());
+    for part in hashes.chunks(HASHES_PER_STATEMENT) {
+        let mut qb: QueryBuilder<MySql> =
+            QueryBuilder::new("SELECT hash, body FROM dockhand_packets WHERE hash IN (");
+        let mut list = qb.separated(", ");
+        for hash in part {
+            list.push_bind(*hash);
+        }
+        qb.push(")");
+        let rows = qb
+            .build()
+            .fetch_all(store.pool())
+            .await
+            .map_err(Error::db(op))?;
+        for row in &rows {
+            found.insert(text(row, "hash")?, text(row, "body")?);
+        }
+    }
+    Ok(found)
 }

@@ -18,6 +18,7 @@ use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{PgConnection, Postgres, QueryBuilder, Row};
+use std::collections::HashMap;
 
 /// Page size when a filter's (or an event batch's) limit is 0.
 const DEFAULT_LIMIT: i64 = 100;
@@ -549,4 +550,21 @@ pub(super) async fn packet_body(store: &PgStore, hash: &str) -> Result<Option<St
         .fetch_optional(&store.pool)
         .await
         .map_err(Error::db("packet_body"))
+}
+
+/// The stored bodies of `hashes`, in one statement (`= ANY($1)`).
+pub(super) async fn packet_bodies(
+    store: &PgStore,
+    hashes: &[&str],
+) -> Result<HashMap<String, String>> {
+    if hashes.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT hash, body FROM dockhand_packets WHERE hash = ANY($1)")
+            .bind(hashes)
+            .fetch_all(&store.pool)
+            .await
+            .map_err(Error::db("packet_bodies"))?;
+    Ok(rows.into_iter().collect())
 }

@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
+use std::collections::HashMap;
 
 /// The columns [`job_from_row`] decodes.
 pub(super) const JOB_COLUMNS: &str = "id, pipeline, status, reason, step_index, input_refs,
@@ -575,4 +576,25 @@ pub(super) async fn packet_body(store: &SqliteStore, hash: &str) -> Result<Optio
         .fetch_optional(&store.reader)
         .await
         .map_err(Error::db("packet_body"))
+}
+
+/// The stored bodies of `hashes`, in one statement (the list bound as one JSON array).
+pub(super) async fn packet_bodies(
+    store: &SqliteStore,
+    hashes: &[&str],
+) -> Result<HashMap<String, String>> {
+    let op = "packet_bodies";
+    if hashes.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let list =
+        serde_json::to_string(hashes).map_err(|e| Error::invalid("hashes", e.to_string()))?;
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT hash, body FROM dockhand_packets WHERE hash IN (SELECT value FROM json_each(?))",
+    )
+    .bind(list)
+    .fetch_all(&store.reader)
+    .await
+    .map_err(Error::db(op))?;
+    Ok(rows.into_iter().collect())
 }

@@ -401,6 +401,12 @@ impl Store for SqliteStore {
     async fn packet_body(&self, hash: &str) -> Result<Option<String>> {
         jobs::packet_body(self, hash).await
     }
+    async fn packet_bodies(
+        &self,
+        hashes: &[&str],
+    ) -> Result<std::collections::HashMap<String, String>> {
+        jobs::packet_bodies(self, hashes).await
+    }
 
     async fn claim_item(&self, req: &ClaimItemRequest, now: DateTime<Utc>) -> Result<ClaimOutcome> {
         claims::claim_item(self, req, now).await
