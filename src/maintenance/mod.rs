@@ -314,8 +314,44 @@ impl Maintenance {
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.config.tick) => {}
-                _ = stop.changed() => {}
+                changed = stop.changed() => {
+                    // The runtime's handle is gone without a shutdown: stop as if asked to
+                    // (a closed channel is ready at once, so looping on would spin).
+                    if changed.is_err() {
+                        return;
+                    }
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::TestClock;
+    use crate::store::sqlite::SqliteStore;
+
+    #[tokio::test]
+    async fn the_loop_stops_when_its_stop_channel_is_dropped() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite:{}", dir.path().join("m.db").display());
+        let store: DynStore = Arc::new(SqliteStore::connect(&url).await.expect("open"));
+        store.migrate().await.expect("migrate");
+        let clock: Arc<dyn Clock> = Arc::new(TestClock::at(chrono::Utc::now()));
+        let m = Arc::new(Maintenance::new(
+            store,
+            clock,
+            MaintenanceConfig::default(),
+            "test".into(),
+        ));
+        let (tx, rx) = watch::channel(false);
+        let task = tokio::spawn(Arc::clone(&m).run(rx));
+        tokio::task::yield_now().await;
+        drop(tx);
+        tokio::time::timeout(std::time::Duration::from_secs(10), task)
+            .await
+            .expect("the loop ends once its stop channel is gone")
+            .expect("no panic");
     }
 }
