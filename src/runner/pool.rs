@@ -86,9 +86,17 @@ impl Runner {
             if pool.claiming && pool.buffer.is_empty() && pool.slots.available_permits() > 0 {
                 pool.buffer.ran_dry();
             }
-            pool.start_round(&mut wake);
-            let want_slot =
-                !pool.buffer.is_empty() || (pool.slots.available_permits() == 0 && !pool.drained);
+            // One reading of the free slots for both decisions: a slot freed between two
+            // readings once left the loop waiting on nothing (see `waits_for_slot`).
+            let free = pool.slots.available_permits();
+            pool.start_round(&mut wake, free);
+            let want_slot = waits_for_slot(Idle {
+                buffered: !pool.buffer.is_empty(),
+                drained: pool.drained,
+                free,
+                round: pool.round.is_some(),
+                paused: pool.claim_after.is_some(),
+            });
             tokio::select! {
                 biased;
                 changed = stop.changed() => {
@@ -135,6 +143,32 @@ async fn poll_round(round: &mut Option<RoundFuture>) -> RoundEnd {
     }
 }
 
+/// What the claim loop knows when it decides what to wait for.
+#[derive(Debug, Clone, Copy)]
+struct Idle {
+    /// Actions are buffered.
+    buffered: bool,
+    /// The last claim came back short (a wake-up or the poll re-enables claiming).
+    drained: bool,
+    /// Free slots, as read when the round was (not) started.
+    free: usize,
+    /// A round is in flight (its end wakes the loop).
+    round: bool,
+    /// Claims are paused after a failed one (a timer wakes the loop).
+    paused: bool,
+}
+
+/// Whether the loop also waits for a free slot. Buffered actions need one. Otherwise a slot
+/// matters when the loop could claim for it: with no round in flight, not drained and not
+/// paused, nothing else would wake the loop when a run ends, because a run settled by its
+/// handler's own transaction (a step finishing its job) sends no acknowledgement. So such an
+/// idle loop always waits for a slot, even one that read a free slot: the slot may have been
+/// free only since the round decision (that race stranded W4 runs with every run ended and
+/// nothing claimed), and a slot that is free now wakes it at once.
+fn waits_for_slot(s: Idle) -> bool {
+    s.buffered || (!s.drained && (s.free == 0 || (!s.round && !s.paused)))
+}
+
 /// Sleeps until `at`, or forever when there is no such time.
 async fn sleep_until(at: Option<Instant>) {
     match at {
@@ -156,14 +190,14 @@ impl Pool {
 
     /// Starts a round when none is in flight and there are finishes to write or a claim is
     /// worth a round trip.
-    fn start_round(&mut self, wake: &mut watch::Receiver<u64>) {
+    fn start_round(&mut self, wake: &mut watch::Receiver<u64>, free: usize) {
         if self.round.is_some() {
             return;
         }
         let claim = if self.drained || self.claim_after.is_some() {
             0
         } else {
-            self.buffer.claim_limit(self.slots.available_permits())
+            self.buffer.claim_limit(free)
         };
         if claim == 0 && self.pending.is_empty() {
             return;
@@ -387,5 +421,70 @@ impl Pool {
             };
             acks::round(Arc::clone(&self.runner), batch, 0).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{waits_for_slot, Idle};
+
+    /// Every state the loop can wait in has a waker: the round's end, a wake-up or the poll
+    /// (drained), the pause timer, or a free slot. Acknowledgements are not counted: a run
+    /// settled by its own transaction sends none.
+    #[test]
+    fn an_idle_loop_always_has_a_waker() {
+        for bits in 0..16u8 {
+            for free in 0..3 {
+                let s = Idle {
+                    buffered: bits & 1 != 0,
+                    drained: bits & 2 != 0,
+                    free,
+                    round: bits & 4 != 0,
+                    paused: bits & 8 != 0,
+                };
+                let woken = s.round || s.drained || s.paused || waits_for_slot(s);
+                assert!(woken, "no waker in {s:?}");
+            }
+        }
+    }
+
+    /// The W4 stall: no slot was free when the round was decided (so none started), one came
+    /// free before the wait; the loop must still wait for it.
+    #[test]
+    fn a_slot_freed_after_the_round_decision_wakes_the_loop() {
+        let s = Idle {
+            buffered: false,
+            drained: false,
+            free: 1,
+            round: false,
+            paused: false,
+        };
+        assert!(waits_for_slot(s));
+    }
+
+    #[test]
+    fn a_busy_or_drained_loop_does_not_spin_on_free_slots() {
+        let base = Idle {
+            buffered: false,
+            drained: false,
+            free: 2,
+            round: true,
+            paused: false,
+        };
+        assert!(!waits_for_slot(base), "a round in flight wakes the loop");
+        assert!(!waits_for_slot(Idle {
+            round: false,
+            drained: true,
+            ..base
+        }));
+        assert!(!waits_for_slot(Idle {
+            round: false,
+            paused: true,
+            ..base
+        }));
+        assert!(waits_for_slot(Idle {
+            buffered: true,
+            ..base
+        }));
     }
 }
