@@ -122,19 +122,12 @@ pub(super) async fn start_steps(
             .collect();
         let pairs_json =
             serde_json::to_string(&pairs).map_err(|e| Error::invalid("jobs", e.to_string()))?;
-        let started: Vec<i64> = sqlx::query_scalar(
-            "UPDATE dockhand_jobs SET status = 'processing', updated_at = ?1
-             FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS step
-                   FROM json_each(?2)) AS s
-             WHERE dockhand_jobs.id = s.id AND dockhand_jobs.step_index = s.step
-               AND dockhand_jobs.status = 'pending'
-             RETURNING dockhand_jobs.id",
-        )
-        .bind(ms(now))
-        .bind(pairs_json)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(Error::db(op))?;
+        let started: Vec<i64> = sqlx::query_scalar(START_STEPS)
+            .bind(ms(now))
+            .bind(pairs_json)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
         if started.len() != starts.len() {
             // Unreachable under the write lock; never report a start that did not happen.
             return Err(Error::Config(format!(
@@ -147,6 +140,18 @@ pub(super) async fn start_steps(
     tx.commit().await.map_err(Error::db(op))?;
     in_request_order(out)
 }
+
+/// Moves the jobs of `?2` (`[[job, step], ...]`) from pending to processing. The unary `+`
+/// keeps the status index out of the plan: with it, SQLite walked every pending job and
+/// scanned the list for each (O(pending) per group: a batch's not yet started children made
+/// each start group cost ~50 µs per started job); without it, one rowid lookup per listed job.
+pub(super) const START_STEPS: &str =
+    "UPDATE dockhand_jobs SET status = 'processing', updated_at = ?1
+     FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS step
+           FROM json_each(?2)) AS s
+     WHERE dockhand_jobs.id = s.id AND dockhand_jobs.step_index = s.step
+       AND +dockhand_jobs.status = 'pending'
+     RETURNING dockhand_jobs.id";
 
 /// Whether `lease` is still a running action's, on the open transaction.
 pub(super) async fn lease_live(conn: &mut SqliteConnection, lease: Lease) -> Result<bool> {

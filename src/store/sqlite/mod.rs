@@ -43,6 +43,8 @@ mod jobs;
 pub mod ledger;
 mod limits;
 mod maintenance;
+#[cfg(test)]
+mod plan_tests;
 mod query;
 mod recovery;
 #[cfg(test)]
