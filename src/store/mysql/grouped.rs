@@ -2,29 +2,31 @@
 //! [`crate::Store::finish_jobs`]): several jobs' transitions in one transaction, so c
 //! concurrently running children of one parent cost one transaction (and one wait on the
 //! parent's row lock) where they cost c. The group's job rows are locked first, in id order,
-//! so concurrent groups cannot deadlock on each other; each job's part is then the single
-//! path's own code ([`super::jobs::start_in_tx`], [`super::bridge::finish_in_tx`]), and a
-//! group's parents get their counters bumped once each, in id order, with the summed deltas
-//! ([`super::fence::child_finished`]). A deadlock re-runs the whole group
-//! ([`retry_deadlocks`]).
+//! so concurrent groups cannot deadlock on each other. Starts are set-based (one read of the
+//! jobs, one of their parents, one UPDATE); each finish is the single path's own code
+//! ([`super::bridge::finish_in_tx`]), and a group's parents get their counters bumped once
+//! each, in id order, with the summed deltas ([`super::fence::child_finished`]). A deadlock
+//! re-runs the whole group ([`retry_deadlocks`]).
 
 use super::bridge::finish_in_tx;
 use super::claim_upkeep::release_in_tx;
 use super::connect::retry_deadlocks;
 use super::fence::child_finished;
 use super::finish::finish_on;
-use super::jobs::start_in_tx;
+use super::jobs::{job_from_row, opt_text, text, JOB_COLUMNS};
+use super::ms;
 use super::MySqlStore;
 use crate::claims::ClaimRun;
 use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
+use crate::jobs::Job;
 use crate::jobs::{FinishRequest, GroupFinished, StepStart};
-use crate::store::finish_group::{
-    check_final, in_request_order, job_order, GroupOutcomes, RollBack,
-};
+use crate::state::{step_gate, JobStatus, ParentView, StepGate};
+use crate::store::finish_group::{check_final, job_order, GroupOutcomes, RollBack};
 use crate::store::{Finish, FinishResult, Lease};
 use chrono::{DateTime, Utc};
-use sqlx::{MySql, MySqlConnection, QueryBuilder};
+use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
+use std::collections::HashMap;
 
 /// Locks the rows of `ids` (jobs) in id order.
 async fn lock_jobs(
@@ -60,16 +62,137 @@ pub(super) async fn start_steps(
     retry_deadlocks("start_steps", || async {
         let op = "start_steps";
         let mut tx = store.begin(op).await?;
-        lock_jobs(&mut tx, reqs.iter().map(|r| r.0), op).await?;
-        let mut out = vec![None; reqs.len()];
-        for i in job_order(reqs.iter().map(|r| r.0)) {
-            let (job, step) = reqs[i];
-            out[i] = Some(start_in_tx(&mut tx, job, step, now).await?);
-        }
+        let out = starts_in_tx(&mut tx, reqs, now).await?;
         tx.commit().await.map_err(Error::db(op))?;
-        in_request_order(out)
+        Ok(out)
     })
     .await
+}
+
+/// The step boundary of every request on the open transaction, set-based: the jobs' rows
+/// locked in id order and read in one statement, their parents' in share mode in another (an
+/// operator's stop locks the parent for update, so each child either started before the stop
+/// committed or sees it, as [`super::jobs::start_in_tx`] does for one), the gates decided in
+/// memory, and the starting jobs moved to processing in one UPDATE. A request repeated in the
+/// group gets the same answer as the first (the job is read once).
+async fn starts_in_tx(
+    tx: &mut MySqlConnection,
+    reqs: &[(i64, i32)],
+    now: DateTime<Utc>,
+) -> Result<Vec<StepStart>> {
+    let op = "start_steps";
+    let mut ids: Vec<i64> = reqs.iter().map(|r| r.0).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut qb = QueryBuilder::<MySql>::new(format!(
+        "SELECT {JOB_COLUMNS}, CAST(batch_state IS NOT NULL AS SIGNED) AS fanned_out
+         FROM dockhand_jobs WHERE id IN ("
+    ));
+    let mut list = qb.separated(", ");
+    for id in &ids {
+        list.push_bind(*id);
+    }
+    qb.push(") ORDER BY id FOR UPDATE");
+    let rows = qb
+        .build()
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+    let mut jobs: HashMap<i64, (Job, bool)> = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let job = job_from_row(row)?;
+        let fanned_out: i64 = row.try_get("fanned_out").map_err(Error::db(op))?;
+        jobs.insert(job.id, (job, fanned_out != 0));
+    }
+    let mut parent_ids: Vec<i64> = jobs.values().filter_map(|(j, _)| j.parent_id).collect();
+    parent_ids.sort_unstable();
+    parent_ids.dedup();
+    let mut parents: HashMap<i64, (JobStatus, Option<String>)> = HashMap::new();
+    if !parent_ids.is_empty() {
+        let mut qb = QueryBuilder::<MySql>::new(
+            "SELECT id, status, batch_outcome FROM dockhand_jobs WHERE id IN (",
+        );
+        let mut list = qb.separated(", ");
+        for id in &parent_ids {
+            list.push_bind(*id);
+        }
+        qb.push(") ORDER BY id LOCK IN SHARE MODE");
+        for row in qb
+            .build()
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(Error::db(op))?
+        {
+            let id: i64 = row.try_get("id").map_err(Error::db(op))?;
+            let status =
+                text(&row, "status")?
+                    .parse::<JobStatus>()
+                    .map_err(|e| Error::Corrupt {
+                        what: "job",
+                        id,
+                        message: e.to_string(),
+                    })?;
+            parents.insert(id, (status, opt_text(&row, "batch_outcome")?));
+        }
+    }
+    let mut decided: HashMap<i64, StepStart> = HashMap::with_capacity(jobs.len());
+    let mut starting: Vec<i64> = Vec::new();
+    let mut out = Vec::with_capacity(reqs.len());
+    for &(job_id, step) in reqs {
+        if let Some(done) = decided.get(&job_id) {
+            out.push(done.clone());
+            continue;
+        }
+        let result = match jobs.get(&job_id) {
+            None => StepStart::Stale,
+            Some((job, fanned_out)) => {
+                let view = job
+                    .parent_id
+                    .and_then(|p| parents.get(&p))
+                    .map(|(status, outcome)| ParentView {
+                        status: *status,
+                        outcome: outcome.as_deref(),
+                    });
+                match step_gate(job.status, job.step_index == step, *fanned_out, view) {
+                    StepGate::Stale => StepStart::Stale,
+                    StepGate::ParentStopped => StepStart::ParentStopped(job.clone()),
+                    StepGate::FannedOut => StepStart::FannedOut(job.clone()),
+                    StepGate::Run => StepStart::Run(job.clone()),
+                    StepGate::Start => {
+                        starting.push(job_id);
+                        let mut job = job.clone();
+                        job.status = JobStatus::Processing;
+                        job.updated_at = crate::clock::to_millis(now);
+                        StepStart::Run(job)
+                    }
+                }
+            }
+        };
+        decided.insert(job_id, result.clone());
+        out.push(result);
+    }
+    if !starting.is_empty() {
+        let mut qb = QueryBuilder::<MySql>::new(
+            "UPDATE dockhand_jobs SET status = 'processing', updated_at = ",
+        );
+        qb.push_bind(ms(now));
+        qb.push(" WHERE status = 'pending' AND id IN (");
+        let mut list = qb.separated(", ");
+        for id in &starting {
+            list.push_bind(*id);
+        }
+        qb.push(")");
+        let done = qb.build().execute(&mut *tx).await.map_err(Error::db(op))?;
+        if done.rows_affected() != starting.len() as u64 {
+            // Unreachable with the rows locked; never report a start that did not happen.
+            return Err(Error::Config(format!(
+                "start_steps: {} of {} jobs changed under their row locks",
+                starting.len() as u64 - done.rows_affected().min(starting.len() as u64),
+                starting.len()
+            )));
+        }
+    }
+    Ok(out)
 }
 
 /// Whether `lease` is still a running action's, on the open transaction (its row share-locked
