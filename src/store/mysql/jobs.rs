@@ -1,6 +1,6 @@
-//! MySQL: job rows and their step transitions (create, start, advance, park, resume), engine
-//! data, the lifecycle-event outbox and content-addressed packets. Also the text-column
-//! helpers the other job, claim and batch files share.
+//! MySQL: job rows and their step transitions (create, start, advance, park, resume) and
+//! engine data (the outbox is `events`, packets are `packets`). Also the text-column helpers
+//! the other job, claim and batch files share.
 //!
 //! Every transition is a compare-and-swap on (`id`, `step_index`, `status`) or runs on the job
 //! row locked with `SELECT … FOR UPDATE`; a step action is enqueued with [`enqueue_one`] in the
@@ -16,16 +16,12 @@ use super::connect::retry_deadlocks;
 use super::{enqueue::enqueue_one, from_ms, ms, MySqlStore};
 use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
-use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{
-    Job, JobCreated, JobEvent, JobFilter, NewJob, ScheduleGuard, StepAction, StepStart,
-};
+use crate::jobs::{Job, JobCreated, JobFilter, NewJob, ScheduleGuard, StepAction, StepStart};
 use crate::state::{step_gate, JobStatus, ParentView, StepGate};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
-use std::collections::HashMap;
 
 /// The columns [`job_from_row`] decodes.
 pub(super) const JOB_COLUMNS: &str = "id, pipeline, status, reason, step_index, input_refs,
@@ -567,167 +563,4 @@ pub(super) async fn cas_engine_data(
         Ok(done.rows_affected() == 1)
     })
     .await
-}
-
-pub(super) async fn undelivered_events(store: &MySqlStore, limit: i64) -> Result<Vec<JobEvent>> {
-    let limit = if limit <= 0 { 100 } else { limit };
-    let rows = sqlx::query(
-        "SELECT e.id, e.job_id, j.pipeline, e.status, e.reason, e.created_at
-         FROM dockhand_job_events e JOIN dockhand_jobs j ON j.id = e.job_id
-         WHERE e.delivered_at IS NULL
-         ORDER BY e.id
-         LIMIT ?",
-    )
-    .bind(limit)
-    .fetch_all(store.pool())
-    .await
-    .map_err(Error::db("undelivered_events"))?;
-    let d = || Error::db("decode job event");
-    rows.iter()
-        .map(|row| {
-            let id: i64 = row.try_get("id").map_err(d())?;
-            let status = text(row, "status")?;
-            Ok(JobEvent {
-                id,
-                job_id: row.try_get("job_id").map_err(d())?,
-                pipeline: text(row, "pipeline")?,
-                status: status.parse().map_err(|e: Error| Error::Corrupt {
-                    what: "job event",
-                    id,
-                    message: e.to_string(),
-                })?,
-                reason: opt_text(row, "reason")?,
-                created_at: from_ms(row.try_get("created_at").map_err(d())?),
-            })
-        })
-        .collect()
-}
-
-pub(super) async fn mark_event_delivered(
-    store: &MySqlStore,
-    event_id: i64,
-    now: DateTime<Utc>,
-) -> Result<bool> {
-    let op = "mark_event_delivered";
-    retry_deadlocks(op, move || async move {
-        let done = sqlx::query(
-            "UPDATE dockhand_job_events SET delivered_at = ?
-             WHERE id = ? AND delivered_at IS NULL",
-        )
-        .bind(ms(now))
-        .bind(event_id)
-        .execute(store.pool())
-        .await
-        .map_err(Error::db(op))?;
-        Ok(done.rows_affected() == 1)
-    })
-    .await
-}
-
-pub(super) async fn mark_events_delivered(
-    store: &MySqlStore,
-    event_ids: &[i64],
-    now: DateTime<Utc>,
-) -> Result<u64> {
-    let op = "mark_events_delivered";
-    if event_ids.is_empty() {
-        return Ok(0);
-    }
-    retry_deadlocks(op, move || async move {
-        let mut qb: sqlx::QueryBuilder<sqlx::MySql> =
-            sqlx::QueryBuilder::new("UPDATE dockhand_job_events SET delivered_at = ");
-        qb.push_bind(ms(now))
-            .push(" WHERE delivered_at IS NULL AND id IN (");
-        let mut ids = qb.separated(", ");
-        for id in event_ids {
-            ids.push_bind(*id);
-        }
-        qb.push(")");
-        let done = qb
-            .build()
-            .execute(store.pool())
-            .await
-            .map_err(Error::db(op))?;
-        Ok(done.rows_affected())
-    })
-    .await
-}
-
-/// Inserts the packets that are not stored yet, in hash order (two writers of overlapping sets
-/// take their row locks in the same order).
-pub(super) async fn put_packets(
-    store: &MySqlStore,
-    packets: &[EncodedPacket],
-    now: DateTime<Utc>,
-) -> Result<()> {
-    if packets.is_empty() {
-        return Ok(());
-    }
-    let op = "put_packets";
-    let mut sorted: Vec<&EncodedPacket> = packets.iter().collect();
-    sorted.sort_by(|a, b| a.hash.cmp(&b.hash));
-    sorted.dedup_by(|a, b| a.hash == b.hash);
-    let sorted = &sorted;
-    retry_deadlocks(op, move || async move {
-        let mut tx = store.begin(op).await?;
-        for p in sorted {
-            sqlx::query(
-                "INSERT INTO dockhand_packets (hash, body, created_at, used_at)
-                 VALUES (?, ?, ?, ?)
-                 ON DUPLICATE KEY UPDATE used_at =
-                     IF(used_at < VALUES(used_at) - ?, VALUES(used_at), used_at)",
-            )
-            .bind(&p.hash)
-            .bind(&p.body)
-            .bind(ms(now))
-            .bind(ms(now))
-            .bind(crate::jobs::packets::USED_AT_GRANULARITY.num_milliseconds())
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::db(op))?;
-        }
-        tx.commit().await.map_err(Error::db(op))?;
-        Ok(())
-    })
-    .await
-}
-
-pub(super) async fn packet_body(store: &MySqlStore, hash: &str) -> Result<Option<String>> {
-    let row = sqlx::query("SELECT body FROM dockhand_packets WHERE hash = ?")
-        .bind(hash)
-        .fetch_optional(store.pool())
-        .await
-        .map_err(Error::db("packet_body"))?;
-    row.as_ref().map(|r| text(r, "body")).transpose()
-}
-
-/// Hashes per statement of [`packet_bodies`], well under MySQL's 65,535 placeholders.
-const HASHES_PER_STATEMENT: usize = 1_000;
-
-/// The stored bodies of `hashes`: one `IN (…)` statement per [`HASHES_PER_STATEMENT`] hashes
-/// (one for a chunk's rows).
-pub(super) async fn packet_bodies(
-    store: &MySqlStore,
-    hashes: &[&str],
-) -> Result<HashMap<String, String>> {
-    let op = "packet_bodies";
-    let mut found = HashMap::with_capacity(hashes.len());
-    for part in hashes.chunks(HASHES_PER_STATEMENT) {
-        let mut qb: QueryBuilder<MySql> =
-            QueryBuilder::new("SELECT hash, body FROM dockhand_packets WHERE hash IN (");
-        let mut list = qb.separated(", ");
-        for hash in part {
-            list.push_bind(*hash);
-        }
-        qb.push(")");
-        let rows = qb
-            .build()
-            .fetch_all(store.pool())
-            .await
-            .map_err(Error::db(op))?;
-        for row in &rows {
-            found.insert(text(row, "hash")?, text(row, "body")?);
-        }
-    }
-    Ok(found)
 }

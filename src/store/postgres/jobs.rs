@@ -1,5 +1,5 @@
-//! PostgreSQL: jobs (J1–J7), their engine data (E1), the lifecycle outbox and content-addressed
-//! packets (E3). The final-status write lives in `bridge`.
+//! PostgreSQL: jobs (J1–J7) and their engine data (E1); the lifecycle outbox is `events`,
+//! content-addressed packets (E3) are `packets`. The final-status write lives in `bridge`.
 //!
 //! Every step transition is a compare-and-swap on (`id`, `step_index`, `status`); the ones that
 //! hand work to a step enqueue its action (unique per job and step) in the same transaction, so
@@ -8,20 +8,16 @@
 use super::{enqueue::enqueue_one, ts, PgStore};
 use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
-use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{
-    Job, JobCreated, JobEvent, JobFilter, NewJob, ScheduleGuard, StepAction, StepStart,
-};
+use crate::jobs::{Job, JobCreated, JobFilter, NewJob, ScheduleGuard, StepAction, StepStart};
 use crate::state::{step_gate, JobStatus, ParentView, StepGate};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{PgConnection, Postgres, QueryBuilder, Row};
-use std::collections::HashMap;
 
 /// Page size when a filter's (or an event batch's) limit is 0.
-const DEFAULT_LIMIT: i64 = 100;
+pub(super) const DEFAULT_LIMIT: i64 = 100;
 
 pub(super) const COLUMNS: &str =
     "id, pipeline, status, reason, step_index, input_refs, engine_version, \
@@ -443,128 +439,4 @@ pub(super) async fn cas_engine_data(
     .await
     .map_err(Error::db("cas_engine_data"))?;
     Ok(done.rows_affected() == 1)
-}
-
-pub(super) async fn undelivered_events(store: &PgStore, limit: i64) -> Result<Vec<JobEvent>> {
-    let rows = sqlx::query(
-        "SELECT e.id, e.job_id, j.pipeline, e.status, e.reason, e.created_at
-         FROM dockhand_job_events e JOIN dockhand_jobs j ON j.id = e.job_id
-         WHERE e.delivered_at IS NULL
-         ORDER BY e.id LIMIT $1",
-    )
-    .bind(if limit <= 0 { DEFAULT_LIMIT } else { limit })
-    .fetch_all(&store.pool)
-    .await
-    .map_err(Error::db("undelivered_events"))?;
-    rows.iter()
-        .map(|r| {
-            let d = || Error::db("decode job event");
-            let id: i64 = r.try_get("id").map_err(d())?;
-            let status: String = r.try_get("status").map_err(d())?;
-            Ok(JobEvent {
-                id,
-                job_id: r.try_get("job_id").map_err(d())?,
-                pipeline: r.try_get("pipeline").map_err(d())?,
-                status: status.parse::<JobStatus>().map_err(|e| Error::Corrupt {
-                    what: "job event",
-                    id,
-                    message: e.to_string(),
-                })?,
-                reason: r.try_get("reason").map_err(d())?,
-                created_at: r.try_get("created_at").map_err(d())?,
-            })
-        })
-        .collect()
-}
-
-pub(super) async fn mark_event_delivered(
-    store: &PgStore,
-    event_id: i64,
-    now: DateTime<Utc>,
-) -> Result<bool> {
-    let done = sqlx::query(
-        "UPDATE dockhand_job_events SET delivered_at = $2
-         WHERE id = $1 AND delivered_at IS NULL",
-    )
-    .bind(event_id)
-    .bind(ts(now))
-    .execute(&store.pool)
-    .await
-    .map_err(Error::db("mark_event_delivered"))?;
-    Ok(done.rows_affected() == 1)
-}
-
-pub(super) async fn mark_events_delivered(
-    store: &PgStore,
-    event_ids: &[i64],
-    now: DateTime<Utc>,
-) -> Result<u64> {
-    if event_ids.is_empty() {
-        return Ok(0);
-    }
-    let done = sqlx::query(
-        "UPDATE dockhand_job_events SET delivered_at = $2
-         WHERE id = ANY($1) AND delivered_at IS NULL",
-    )
-    .bind(event_ids)
-    .bind(ts(now))
-    .execute(&store.pool)
-    .await
-    .map_err(Error::db("mark_events_delivered"))?;
-    Ok(done.rows_affected())
-}
-
-pub(super) async fn put_packets(
-    store: &PgStore,
-    packets: &[EncodedPacket],
-    now: DateTime<Utc>,
-) -> Result<()> {
-    if packets.is_empty() {
-        return Ok(());
-    }
-    // One row per hash: ON CONFLICT DO UPDATE may not touch a row twice in one statement.
-    let mut unique: Vec<&EncodedPacket> = packets.iter().collect();
-    unique.sort_by(|a, b| a.hash.cmp(&b.hash));
-    unique.dedup_by(|a, b| a.hash == b.hash);
-    let hashes: Vec<&str> = unique.iter().map(|p| p.hash.as_str()).collect();
-    let bodies: Vec<&str> = unique.iter().map(|p| p.body.as_str()).collect();
-    sqlx::query(
-        "INSERT INTO dockhand_packets (hash, body, created_at, used_at)
-         SELECT t.hash, t.body, $3, $3 FROM UNNEST($1::text[], $2::text[]) AS t(hash, body)
-         ON CONFLICT (hash) DO UPDATE SET used_at = EXCLUDED.used_at
-         WHERE dockhand_packets.used_at < EXCLUDED.used_at - $4::interval",
-    )
-    .bind(hashes)
-    .bind(bodies)
-    .bind(ts(now))
-    .bind(crate::jobs::packets::USED_AT_GRANULARITY)
-    .execute(&store.pool)
-    .await
-    .map_err(Error::db("put_packets"))?;
-    Ok(())
-}
-
-pub(super) async fn packet_body(store: &PgStore, hash: &str) -> Result<Option<String>> {
-    sqlx::query_scalar("SELECT body FROM dockhand_packets WHERE hash = $1")
-        .bind(hash)
-        .fetch_optional(&store.pool)
-        .await
-        .map_err(Error::db("packet_body"))
-}
-
-/// The stored bodies of `hashes`, in one statement (`= ANY($1)`).
-pub(super) async fn packet_bodies(
-    store: &PgStore,
-    hashes: &[&str],
-) -> Result<HashMap<String, String>> {
-    if hashes.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let rows: Vec<(String, String)> =
-        sqlx::query_as("SELECT hash, body FROM dockhand_packets WHERE hash = ANY($1)")
-            .bind(hashes)
-            .fetch_all(&store.pool)
-            .await
-            .map_err(Error::db("packet_bodies"))?;
-    Ok(rows.into_iter().collect())
 }

@@ -26,6 +26,7 @@ mod claim_upkeep;
 mod claims;
 mod connect;
 mod enqueue;
+mod events;
 mod finish;
 mod finish_set;
 mod gauges;
@@ -35,6 +36,7 @@ pub mod ledger;
 mod limits;
 mod listen;
 mod maintenance;
+mod packets;
 mod query;
 mod recovery;
 mod retention;
@@ -394,29 +396,29 @@ impl Store for PgStore {
     }
 
     async fn undelivered_events(&self, limit: i64) -> Result<Vec<JobEvent>> {
-        jobs::undelivered_events(self, limit).await
+        events::undelivered_events(self, limit).await
     }
 
     async fn mark_event_delivered(&self, event_id: i64, now: DateTime<Utc>) -> Result<bool> {
-        jobs::mark_event_delivered(self, event_id, now).await
+        events::mark_event_delivered(self, event_id, now).await
     }
 
     async fn mark_events_delivered(&self, event_ids: &[i64], now: DateTime<Utc>) -> Result<u64> {
-        jobs::mark_events_delivered(self, event_ids, now).await
+        events::mark_events_delivered(self, event_ids, now).await
     }
 
     async fn put_packets(&self, packets: &[EncodedPacket], now: DateTime<Utc>) -> Result<()> {
-        jobs::put_packets(self, packets, now).await
+        packets::put_packets(self, packets, now).await
     }
 
     async fn packet_body(&self, hash: &str) -> Result<Option<String>> {
-        jobs::packet_body(self, hash).await
+        packets::packet_body(self, hash).await
     }
     async fn packet_bodies(
         &self,
         hashes: &[&str],
     ) -> Result<std::collections::HashMap<String, String>> {
-        jobs::packet_bodies(self, hashes).await
+        packets::packet_bodies(self, hashes).await
     }
 
     async fn claim_item(&self, req: &ClaimItemRequest, now: DateTime<Utc>) -> Result<ClaimOutcome> {

@@ -1,5 +1,5 @@
-//! SQLite: job rows and their step transitions (create, start, advance, park, resume), engine
-//! data, the lifecycle-event outbox and content-addressed packets.
+//! SQLite: job rows and their step transitions (create, start, advance, park, resume) and
+//! engine data (the outbox is `events`, packets are `packets`).
 //!
 //! Every transition is a compare-and-swap on (`id`, `step_index`, `status`); a step action is
 //! enqueued with [`enqueue_one`] in the same `BEGIN IMMEDIATE` transaction that moves the job.
@@ -7,16 +7,12 @@
 use super::{enqueue::enqueue_one, from_ms, ms, SqliteStore};
 use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
-use crate::jobs::packets::EncodedPacket;
-use crate::jobs::{
-    Job, JobCreated, JobEvent, JobFilter, NewJob, ScheduleGuard, StepAction, StepStart,
-};
+use crate::jobs::{Job, JobCreated, JobFilter, NewJob, ScheduleGuard, StepAction, StepStart};
 use crate::state::{step_gate, JobStatus, ParentView, StepGate};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
-use std::collections::HashMap;
 
 /// The columns [`job_from_row`] decodes.
 pub(super) const JOB_COLUMNS: &str = "id, pipeline, status, reason, step_index, input_refs,
@@ -461,140 +457,4 @@ pub(super) async fn cas_engine_data(
     .map_err(Error::db("cas_engine_data"))?;
     tx.commit().await.map_err(Error::db("cas_engine_data"))?;
     Ok(done.rows_affected() == 1)
-}
-
-pub(super) async fn undelivered_events(store: &SqliteStore, limit: i64) -> Result<Vec<JobEvent>> {
-    let limit = if limit <= 0 { 100 } else { limit };
-    let rows = sqlx::query(
-        "SELECT e.id, e.job_id, j.pipeline, e.status, e.reason, e.created_at
-         FROM dockhand_job_events e JOIN dockhand_jobs j ON j.id = e.job_id
-         WHERE e.delivered_at IS NULL
-         ORDER BY e.id
-         LIMIT ?",
-    )
-    .bind(limit)
-    .fetch_all(&store.reader)
-    .await
-    .map_err(Error::db("undelivered_events"))?;
-    let d = || Error::db("decode job event");
-    rows.iter()
-        .map(|row| {
-            let id: i64 = row.try_get("id").map_err(d())?;
-            let status: String = row.try_get("status").map_err(d())?;
-            Ok(JobEvent {
-                id,
-                job_id: row.try_get("job_id").map_err(d())?,
-                pipeline: row.try_get("pipeline").map_err(d())?,
-                status: status.parse().map_err(|e: Error| Error::Corrupt {
-                    what: "job event",
-                    id,
-                    message: e.to_string(),
-                })?,
-                reason: row.try_get("reason").map_err(d())?,
-                created_at: from_ms(row.try_get("created_at").map_err(d())?),
-            })
-        })
-        .collect()
-}
-
-pub(super) async fn mark_event_delivered(
-    store: &SqliteStore,
-    event_id: i64,
-    now: DateTime<Utc>,
-) -> Result<bool> {
-    let mut tx = store.begin_write("mark_event_delivered").await?;
-    let done = sqlx::query(
-        "UPDATE dockhand_job_events SET delivered_at = ?
-         WHERE id = ? AND delivered_at IS NULL",
-    )
-    .bind(ms(now))
-    .bind(event_id)
-    .execute(&mut *tx)
-    .await
-    .map_err(Error::db("mark_event_delivered"))?;
-    tx.commit()
-        .await
-        .map_err(Error::db("mark_event_delivered"))?;
-    Ok(done.rows_affected() == 1)
-}
-
-pub(super) async fn mark_events_delivered(
-    store: &SqliteStore,
-    event_ids: &[i64],
-    now: DateTime<Utc>,
-) -> Result<u64> {
-    let op = "mark_events_delivered";
-    if event_ids.is_empty() {
-        return Ok(0);
-    }
-    let ids =
-        serde_json::to_string(event_ids).map_err(|e| Error::invalid("event_ids", e.to_string()))?;
-    let mut tx = store.begin_write(op).await?;
-    let done = sqlx::query(
-        "UPDATE dockhand_job_events SET delivered_at = ?
-         WHERE id IN (SELECT value FROM json_each(?)) AND delivered_at IS NULL",
-    )
-    .bind(ms(now))
-    .bind(ids)
-    .execute(&mut *tx)
-    .await
-    .map_err(Error::db(op))?;
-    tx.commit().await.map_err(Error::db(op))?;
-    Ok(done.rows_affected())
-}
-
-pub(super) async fn put_packets(
-    store: &SqliteStore,
-    packets: &[EncodedPacket],
-    now: DateTime<Utc>,
-) -> Result<()> {
-    if packets.is_empty() {
-        return Ok(());
-    }
-    let mut tx = store.begin_write("put_packets").await?;
-    for p in packets {
-        sqlx::query(
-            "INSERT INTO dockhand_packets (hash, body, created_at, used_at) VALUES (?1, ?2, ?3, ?3)
-             ON CONFLICT (hash) DO UPDATE SET used_at = excluded.used_at
-             WHERE dockhand_packets.used_at < excluded.used_at - ?4",
-        )
-        .bind(&p.hash)
-        .bind(&p.body)
-        .bind(ms(now))
-        .bind(crate::jobs::packets::USED_AT_GRANULARITY.num_milliseconds())
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::db("put_packets"))?;
-    }
-    tx.commit().await.map_err(Error::db("put_packets"))?;
-    Ok(())
-}
-
-pub(super) async fn packet_body(store: &SqliteStore, hash: &str) -> Result<Option<String>> {
-    sqlx::query_scalar("SELECT body FROM dockhand_packets WHERE hash = ?")
-        .bind(hash)
-        .fetch_optional(&store.reader)
-        .await
-        .map_err(Error::db("packet_body"))
-}
-
-/// The stored bodies of `hashes`, in one statement (the list bound as one JSON array).
-pub(super) async fn packet_bodies(
-    store: &SqliteStore,
-    hashes: &[&str],
-) -> Result<HashMap<String, String>> {
-    let op = "packet_bodies";
-    if hashes.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let list =
-        serde_json::to_string(hashes).map_err(|e| Error::invalid("hashes", e.to_string()))?;
-    let rows: Vec<(String, String)> = sqlx::query_as(
-        "SELECT hash, body FROM dockhand_packets WHERE hash IN (SELECT value FROM json_each(?))",
-    )
-    .bind(list)
-    .fetch_all(&store.reader)
-    .await
-    .map_err(Error::db(op))?;
-    Ok(rows.into_iter().collect())
 }
