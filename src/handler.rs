@@ -40,6 +40,24 @@ pub struct ActionContext {
 pub(crate) struct RunControl {
     settled: Arc<std::sync::atomic::AtomicBool>,
     slot: Arc<std::sync::Mutex<Option<crate::runner::held::RunSlot>>>,
+    runner: Option<Arc<RunnerFacts>>,
+}
+
+/// What a run's handler may know of the runner running it: enough to lease, heartbeat and
+/// finish actions it runs itself as the runner would (a chunk running its children,
+/// [`crate::Pipeline::children_in_chunk`]).
+#[derive(Debug, Clone)]
+pub(crate) struct RunnerFacts {
+    /// The runner's owner id (stamped on leases; its heartbeat goes by it).
+    pub(crate) owner: String,
+    /// How long a lease lasts without a heartbeat.
+    pub(crate) lease: chrono::Duration,
+    /// How often leases are extended.
+    pub(crate) heartbeat_interval: std::time::Duration,
+    /// A run's time limit when its action has none.
+    pub(crate) default_timeout: Option<std::time::Duration>,
+    /// Retry delays.
+    pub(crate) backoff: crate::backoff::Backoff,
 }
 
 impl std::fmt::Debug for RunControl {
@@ -56,7 +74,19 @@ impl RunControl {
         Self {
             settled: Arc::default(),
             slot: Arc::new(std::sync::Mutex::new(slot)),
+            runner: None,
         }
+    }
+
+    /// This control, telling the handler about the runner running it.
+    pub(crate) fn with_runner(mut self, facts: Arc<RunnerFacts>) -> Self {
+        self.runner = Some(facts);
+        self
+    }
+
+    /// The runner running this run (none for the inline testing helpers).
+    pub(crate) fn runner(&self) -> Option<&Arc<RunnerFacts>> {
+        self.runner.as_ref()
     }
 
     /// The action was completed in a committed transaction of the handler's (a pipeline step

@@ -300,6 +300,7 @@ impl RuntimeBuilder {
             store: Arc::clone(&store),
             clock,
             registry: Arc::new(self.registry),
+            facts: Runner::facts_of(&self.runner),
             config: self.runner,
             queue: queue.clone(),
         });

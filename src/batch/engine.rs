@@ -229,6 +229,16 @@ impl Engine {
             )));
         };
         let now = self.clock.now();
+        // Children run here (`Pipeline::children_in_chunk`) when the runner running this
+        // chunk said who it is; the inline testing helpers leave them to the runners.
+        let in_chunk = pipeline
+            .children_in_chunk
+            .zip(ctx.run.runner().cloned())
+            .filter(|_| st.outcome.is_none());
+        let run_by = in_chunk.as_ref().map(|(_, facts)| super::RunBy {
+            owner: facts.owner.clone(),
+            lease_until: now + facts.lease,
+        });
         // Every delivery of this chunk action leases rows under one owner, so a re-delivery
         // after its predecessor died takes that predecessor's rows back at once instead of
         // waiting out the row lease. A predecessor that was only paused is fenced out by its
@@ -333,6 +343,7 @@ impl Engine {
                                     .collect(),
                                 claim_ttl: DEFAULT_CLAIM_TTL,
                                 step: pipeline.step_action(),
+                                run_by: run_by.clone(),
                             });
                             continue;
                         }
@@ -341,9 +352,20 @@ impl Engine {
             };
             self.settle_row(parent, row.idx, chunk, settle).await?;
         }
-        self.create_children(parent, &specs, chunk).await?;
-        self.after_chunk(parent, offset, st.chunk_size, pipeline.priority)
-            .await
+        let leased = self.create_children(parent, &specs, chunk).await?;
+        // The next chunk is scheduled (or the fence set) before this one's children run, so
+        // chunks overlap on other slots; a child's terminal transaction enqueues finalize
+        // when it finds the parent fenced and every child terminal.
+        let after = self
+            .after_chunk(parent, offset, st.chunk_size, pipeline.priority)
+            .await;
+        if let Some((max_concurrent, facts)) = in_chunk {
+            if !leased.is_empty() {
+                self.run_children_in_chunk(&ctx, &facts, leased, max_concurrent)
+                    .await;
+            }
+        }
+        after
     }
 
     /// Turns the specs of one chunk into children: all at once ([`crate::Store::create_children`],
@@ -355,9 +377,9 @@ impl Engine {
         parent: i64,
         specs: &[ChildSpec],
         chunk: Lease,
-    ) -> std::result::Result<(), HandlerError> {
+    ) -> std::result::Result<Vec<super::in_chunk::LeasedChild>, HandlerError> {
         if specs.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let outcomes = match self
             .store
@@ -377,9 +399,20 @@ impl Engine {
                 each
             }
         };
+        let mut leased = Vec::new();
         for (spec, outcome) in specs.iter().zip(outcomes) {
             let settle = match outcome {
                 Ok(ChildOutcome::Created(_) | ChildOutcome::Adopted(_)) => continue,
+                Ok(ChildOutcome::Leased { child, step_action }) => {
+                    leased.push(super::in_chunk::LeasedChild {
+                        child,
+                        step: spec.step_index,
+                        lease: step_action,
+                        max_attempts: spec.step.max_attempts,
+                        group: spec.step.group.clone(),
+                    });
+                    continue;
+                }
                 Ok(ChildOutcome::Discarded(cause)) => {
                     tracing::warn!(
                         parent,
@@ -398,7 +431,7 @@ impl Engine {
             };
             self.settle_row(parent, spec.idx, chunk, settle).await?;
         }
-        Ok(())
+        Ok(leased)
     }
 
     /// Settles a leased row that did not become a child.

@@ -11,6 +11,7 @@
 //! This module holds the shared types; the engine logic is in `engine`.
 
 pub mod engine;
+pub(crate) mod in_chunk;
 pub mod recovery;
 pub mod rerun;
 pub mod stop;
@@ -215,6 +216,22 @@ pub struct ChildSpec {
     pub claim_ttl: chrono::Duration,
     /// The child's step-action template.
     pub step: StepAction,
+    /// When set, [`crate::Store::create_children`] leases the new child's step action to this
+    /// run in the same transaction, as a claim would (running, token + 1, attempt + 1, a
+    /// `started` log entry), and reports [`ChildOutcome::Leased`]: the chunk run that created
+    /// the child runs its step itself ([`crate::Pipeline::children_in_chunk`]). A step action
+    /// in a paused or limited group is left pending for the runners (`Created`). The one-row
+    /// path ([`crate::Store::create_child`]) ignores it.
+    pub run_by: Option<RunBy>,
+}
+
+/// The chunk run that leases its children's step actions ([`ChildSpec::run_by`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunBy {
+    /// The runner's owner id, stamped on the leases (its heartbeat extends them).
+    pub owner: String,
+    /// Until when the leases hold without a heartbeat.
+    pub lease_until: DateTime<Utc>,
 }
 
 /// What `create_child` did.
@@ -222,6 +239,13 @@ pub struct ChildSpec {
 pub enum ChildOutcome {
     /// A new child.
     Created(i64),
+    /// A new child whose step action was leased to the creating run ([`ChildSpec::run_by`]).
+    Leased {
+        /// The child.
+        child: i64,
+        /// Its step action's lease.
+        step_action: crate::store::Lease,
+    },
     /// The child existed already (a duplicate delivery); adopted.
     Adopted(i64),
     /// No child: in the same transaction the row was discarded and what the parent still held

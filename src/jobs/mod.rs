@@ -78,6 +78,32 @@ pub enum StepStart {
 }
 
 impl StepStart {
+    /// A grouped step start's decision for `job` at `step` ([`crate::state::step_gate`] on
+    /// what the group read under its locks), and whether the job moves to `processing` now:
+    /// those the caller writes with one statement for the group. The job returned to run is
+    /// the one that statement leaves (`processing`, updated at `now`).
+    pub(crate) fn decide(
+        job: &Job,
+        step: i32,
+        fanned_out: bool,
+        parent: Option<crate::state::ParentView<'_>>,
+        now: DateTime<Utc>,
+    ) -> (StepStart, bool) {
+        use crate::state::StepGate;
+        match crate::state::step_gate(job.status, job.step_index == step, fanned_out, parent) {
+            StepGate::Stale => (StepStart::Stale, false),
+            StepGate::ParentStopped => (StepStart::ParentStopped(job.clone()), false),
+            StepGate::FannedOut => (StepStart::FannedOut(job.clone()), false),
+            StepGate::Run => (StepStart::Run(job.clone()), false),
+            StepGate::Start => {
+                let mut job = job.clone();
+                job.status = JobStatus::Processing;
+                job.updated_at = crate::clock::to_millis(now);
+                (StepStart::Run(job), true)
+            }
+        }
+    }
+
     /// The job, unless the action is stale.
     pub fn job(&self) -> Option<&Job> {
         match self {

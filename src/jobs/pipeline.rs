@@ -110,6 +110,7 @@ pub struct Pipeline {
     pub(crate) max_attempts: u32,
     pub(crate) priority: i32,
     pub(crate) chunk_size: Option<i32>,
+    pub(crate) children_in_chunk: Option<usize>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -133,6 +134,7 @@ impl Pipeline {
             max_attempts: 3,
             priority: crate::action::DEFAULT_PRIORITY,
             chunk_size: None,
+            children_in_chunk: None,
         }
     }
 
@@ -198,6 +200,22 @@ impl Pipeline {
     /// Worklist rows turned into child jobs per chunk action when a step fans out (default 100).
     pub fn chunk_size(mut self, n: u32) -> Self {
         self.chunk_size = Some(i32::try_from(n.max(1)).unwrap_or(i32::MAX));
+        self
+    }
+
+    /// Runs a fan-out's children on the runner of the chunk action that creates them, up to
+    /// `max_concurrent` at once, instead of leaving each child's step action to be claimed:
+    /// the chunk creates a chunk's children with their step actions already leased to its
+    /// runner (one transaction), runs their steps itself, and their starts and finishes go to
+    /// the store in chunk-sized groups. Each child is still a job with its own step action,
+    /// attempts, claims and terminal bridge: a failed step is written back as the runner would
+    /// write it (retried later by any runner, with its attempt counted), and a chunk run that
+    /// dies leaves its children's leases to lapse, after which the reaper hands them to the
+    /// runners. The chunk's own slot is the only one the children use, so this suits many
+    /// small children (the default spreads children over every runner's slots). Step actions
+    /// in a paused or limited group are left to the runners. Off by default.
+    pub fn children_in_chunk(mut self, max_concurrent: usize) -> Self {
+        self.children_in_chunk = Some(max_concurrent.max(1));
         self
     }
 

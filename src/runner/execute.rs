@@ -6,6 +6,7 @@ use crate::handler::{ActionContext, HandlerError, RunControl};
 use crate::store::{ClaimedAction, Finish, FinishResult};
 use crate::telemetry;
 use backon::{ExponentialBuilder, Retryable};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
@@ -26,6 +27,73 @@ pub(crate) enum RunEnd {
     Panicked(String),
     TimedOut(Duration),
     UnknownHook,
+}
+
+/// The run a [`RunEnd`] belongs to, as [`finish_for`] needs it.
+pub(crate) struct RunOf<'a> {
+    pub(crate) id: i64,
+    pub(crate) hook: &'a str,
+    pub(crate) attempt: i32,
+    pub(crate) max_attempts: i32,
+}
+
+/// Maps a run's end to the write that records it (Q5): the runner's rule, also used by a
+/// chunk for the children it runs itself.
+pub(crate) fn finish_for(
+    end: RunEnd,
+    run: RunOf<'_>,
+    backoff: &crate::backoff::Backoff,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Finish {
+    let retry_or_fail = |error: String| {
+        if run.attempt >= run.max_attempts {
+            Finish::Fail {
+                error: format!("{error} (attempt {} of {})", run.attempt, run.max_attempts),
+            }
+        } else {
+            Finish::Retry {
+                at: now + backoff.delay(run.attempt),
+                error,
+            }
+        }
+    };
+    match end {
+        RunEnd::Ok => Finish::Complete,
+        RunEnd::Err(HandlerError::Retryable(e)) => retry_or_fail(e),
+        RunEnd::Err(HandlerError::Fatal(e)) => Finish::Fail { error: e },
+        RunEnd::Err(HandlerError::Snooze(d)) => Finish::Snooze {
+            at: now + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX),
+        },
+        RunEnd::Panicked(msg) => retry_or_fail(format!("handler panicked: {msg}")),
+        RunEnd::TimedOut(limit) => retry_or_fail(format!("timed out after {limit:?}")),
+        RunEnd::UnknownHook => Finish::Fail {
+            error: crate::Error::UnknownHook {
+                hook: run.hook.to_string(),
+                action_id: run.id,
+            }
+            .to_string(),
+        },
+    }
+}
+
+/// How a finished handler task ended: its result, or why it has none (panic, cancel).
+pub(crate) fn task_end(
+    joined: Result<crate::handler::HandlerResult, tokio::task::JoinError>,
+) -> RunEnd {
+    match joined {
+        Ok(Ok(())) => RunEnd::Ok,
+        Ok(Err(e)) => RunEnd::Err(e),
+        Err(join) if join.is_panic() => {
+            let payload = join.into_panic();
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic payload".into());
+            RunEnd::Panicked(msg)
+        }
+        Err(_) => RunEnd::Panicked("handler task was cancelled".into()),
+    }
 }
 
 impl Runner {
@@ -53,7 +121,7 @@ impl Runner {
                 / 1000.0;
             metrics::histogram!(telemetry::LAG, "hook" => action.hook.clone()).record(lag);
             let started = Instant::now();
-            let control = RunControl::new(slot);
+            let control = RunControl::new(slot).with_runner(Arc::clone(&self.facts));
             let end = self.run_handler(&action, &control).await;
             control.release_slot();
             metrics::histogram!(telemetry::RUN_DURATION, "hook" => action.hook.clone())
@@ -105,57 +173,22 @@ impl Runner {
             },
             None => (&mut task.0).await,
         };
-        match joined {
-            Ok(Ok(())) => RunEnd::Ok,
-            Ok(Err(e)) => RunEnd::Err(e),
-            Err(join) if join.is_panic() => {
-                let payload = join.into_panic();
-                let msg = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic payload".into());
-                RunEnd::Panicked(msg)
-            }
-            Err(_) => RunEnd::Panicked("handler task was cancelled".into()),
-        }
+        task_end(joined)
     }
 
     /// Maps a run's end to the write that records it (Q5).
     pub(crate) fn outcome(&self, action: &ClaimedAction, end: RunEnd) -> Finish {
-        let now = self.clock.now();
-        let retry_or_fail = |error: String| {
-            if action.attempt >= action.max_attempts {
-                Finish::Fail {
-                    error: format!(
-                        "{error} (attempt {} of {})",
-                        action.attempt, action.max_attempts
-                    ),
-                }
-            } else {
-                Finish::Retry {
-                    at: now + self.config.backoff.delay(action.attempt),
-                    error,
-                }
-            }
-        };
-        match end {
-            RunEnd::Ok => Finish::Complete,
-            RunEnd::Err(HandlerError::Retryable(e)) => retry_or_fail(e),
-            RunEnd::Err(HandlerError::Fatal(e)) => Finish::Fail { error: e },
-            RunEnd::Err(HandlerError::Snooze(d)) => Finish::Snooze {
-                at: now + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX),
+        finish_for(
+            end,
+            RunOf {
+                id: action.id,
+                hook: &action.hook,
+                attempt: action.attempt,
+                max_attempts: action.max_attempts,
             },
-            RunEnd::Panicked(msg) => retry_or_fail(format!("handler panicked: {msg}")),
-            RunEnd::TimedOut(limit) => retry_or_fail(format!("timed out after {limit:?}")),
-            RunEnd::UnknownHook => Finish::Fail {
-                error: crate::Error::UnknownHook {
-                    hook: action.hook.clone(),
-                    action_id: action.id,
-                }
-                .to_string(),
-            },
-        }
+            &self.config.backoff,
+            self.clock.now(),
+        )
     }
 
     /// Writes the finish, retrying transient database errors a few times in-process.

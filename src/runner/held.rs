@@ -236,6 +236,7 @@ mod tests {
             store,
             clock,
             registry: Arc::default(),
+            facts: Runner::facts_of(&RunnerConfig::default()),
             config: RunnerConfig::default(),
             queue,
             claim_hooks: None,

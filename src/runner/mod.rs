@@ -9,7 +9,7 @@
 //! - `execute`: one run of one claimed action (timeout, panic capture, outcome → [`Finish`](crate::store::Finish)).
 
 mod acks;
-mod execute;
+pub(crate) mod execute;
 pub(crate) mod held;
 mod pool;
 mod prefetch;
@@ -98,6 +98,8 @@ pub struct Runner {
     /// The routed hooks and the groups this runner takes them from (the job engine's
     /// actions, by pipeline); see [`crate::store::Routing`].
     pub(crate) routing: (Vec<String>, Vec<String>),
+    /// What a run's handler is told of this runner ([`RunnerConfig`]'s lease settings).
+    pub(crate) facts: Arc<crate::handler::RunnerFacts>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -114,6 +116,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Runner {
+    /// The facts a run's handler is told of a runner with `config`.
+    pub(crate) fn facts_of(config: &RunnerConfig) -> Arc<crate::handler::RunnerFacts> {
+        Arc::new(crate::handler::RunnerFacts {
+            owner: config.owner.clone(),
+            lease: chrono::Duration::from_std(config.lease)
+                .unwrap_or(chrono::Duration::seconds(30)),
+            heartbeat_interval: config.heartbeat_interval,
+            default_timeout: config.default_timeout,
+            backoff: config.backoff,
+        })
+    }
+
     /// The claim request of this runner for up to `limit` actions, leased until `lease_until`.
     pub(crate) fn claim_request(
         &self,

@@ -60,6 +60,10 @@ impl<T: Send + 'static, R: Send + 'static> GroupCommit<T, R> {
                     });
                 }
                 guard = Arc::clone(&self.writer).lock_owned() => {
+                    // One yield before taking the queue: callers made ready together (a
+                    // chunk's children ending at once) queue their items first, so they
+                    // share this write instead of the leader writing alone.
+                    tokio::task::yield_now().await;
                     let batch = std::mem::take(&mut *lock(&self.queue));
                     if batch.is_empty() {
                         // Another caller took ours; its answer is on the way.

@@ -138,6 +138,11 @@ conformance!(
     packet_bodies_reads_found_leaves_out_missing_and_reads_nothing_for_none,
     batch_chunk_reads_its_packets_once_and_children_reuse_them,
     batch_hydration_failures_settle_only_their_rows_with_their_reason,
+    // Children run by their chunk (issue 16, W4)
+    children_in_chunk_run_on_the_chunk_and_the_batch_completes,
+    a_child_failing_in_its_chunk_is_retried_with_its_attempt_counted,
+    a_fatal_child_in_its_chunk_fails_its_job_through_the_bridge,
+    a_child_result_the_chunk_could_not_write_is_reaped_and_rerun,
     // Failure routes through the fault-injection store
     fault_bridge_fails_before_then_retry_finishes_once,
     fault_bridge_commits_but_ack_lost,

@@ -248,6 +248,7 @@ pub async fn batch(f: &Fixture) -> Batch {
             claim_tokens: vec![],
             claim_ttl: Duration::minutes(30),
             step: step(),
+            run_by: None,
         };
         match f
             .store

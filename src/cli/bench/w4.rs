@@ -4,6 +4,8 @@
 //! `bench`) in the shared scope [`SCOPE`], [`CLAIM_CHUNK`] per store call, and emits one packet per item carrying its claim, so
 //! the job fans out in chunks of [`CHUNK`]; `process` (the children) is a no-op that counts
 //! its run, and each child finishes through the terminal bridge, which completes its claim.
+//! The children run on the runner of the chunk that creates them
+//! ([`crate::Pipeline::children_in_chunk`], all of a chunk at once).
 //! The timer runs from [`crate::Jobs::start`] (runtime already started and idle) until the
 //! parent is final. Afterwards the parent must be `completed` with N completed children, N
 //! claims `processed`, and `check` must find no violation; otherwise the bench fails.
@@ -74,7 +76,8 @@ pub(super) async fn run(
                 Ok(StepOutput::one(Value::Null))
             }
         })
-        .chunk_size(CHUNK);
+        .chunk_size(CHUNK)
+        .children_in_chunk(CHUNK as usize);
     let runtime = Runtime::with_store(Arc::clone(&fresh.store))
         .migrate(false)
         .pipeline(pipeline)

@@ -81,6 +81,7 @@ pub(super) fn feed_pipeline(store: DynStore, progress: Arc<ClaimProgress>) -> Pi
             ))
         })
         .chunk_size(CHUNK_SIZE)
+        .children_in_chunk(CHUNK_SIZE as usize)
 }
 
 /// The claim step: one packet (with its claim) per feed item this job claimed.

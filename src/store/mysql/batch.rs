@@ -9,6 +9,7 @@
 //! [`enqueue_one`] inside it and runners are woken after the commit. Claim tokens are matched
 //! exactly (`CAST(… AS BINARY)`), never with the trailing-space padding of `=`.
 
+use super::claim::push_list;
 use super::connect::retry_deadlocks;
 use super::enqueue::{batch_group, enqueue_one};
 use super::fence::{
@@ -309,10 +310,7 @@ pub(super) async fn lease_work(
             .push(" WHERE parent_id = ")
             .push_bind(parent)
             .push(" AND idx IN (");
-        let mut sep = qb.separated(", ");
-        for i in &picked {
-            sep.push_bind(*i);
-        }
+        push_list(&mut qb, &picked);
         qb.push(")");
         qb.build().execute(&mut *tx).await.map_err(Error::db(op))?;
         let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
@@ -320,10 +318,7 @@ pub(super) async fn lease_work(
              WHERE parent_id = ",
         );
         qb.push_bind(parent).push(" AND idx IN (");
-        let mut sep = qb.separated(", ");
-        for i in &picked {
-            sep.push_bind(*i);
-        }
+        push_list(&mut qb, &picked);
         qb.push(") ORDER BY idx");
         let rows = qb
             .build()

@@ -10,11 +10,12 @@
 //! whole chunk back; the caller then goes row by row. A deadlock re-runs the transaction.
 
 use super::batch::{chunk_fence, discard_row, push_tokens, refusal};
+use super::claim::push_list;
 use super::connect::retry_deadlocks;
 use super::fence::{lock_parent, TOKENS_PER_STATEMENT};
 use super::jobs::text;
 use super::{ms, MySqlStore};
-use crate::batch::{ChildOutcome, ChildSpec, DiscardCause};
+use crate::batch::{ChildOutcome, ChildSpec, DiscardCause, RunBy};
 use crate::error::{Error, Result};
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
@@ -79,14 +80,6 @@ pub(super) async fn create_children(
     Ok(outcomes)
 }
 
-/// Pushes `?, ?, …` for `idxs`.
-fn push_idxs(qb: &mut QueryBuilder<'_, MySql>, idxs: &[i32]) {
-    let mut sep = qb.separated(", ");
-    for i in idxs {
-        sep.push_bind(*i);
-    }
-}
-
 /// The children of `parent` at `idxs` that exist, by child index.
 async fn existing(
     conn: &mut MySqlConnection,
@@ -96,7 +89,7 @@ async fn existing(
     let mut qb: QueryBuilder<MySql> =
         QueryBuilder::new("SELECT child_index, id FROM dockhand_jobs WHERE parent_id = ");
     qb.push_bind(parent).push(" AND child_index IN (");
-    push_idxs(&mut qb, idxs);
+    push_list(&mut qb, idxs);
     qb.push(")");
     let rows = qb
         .build()
@@ -131,7 +124,7 @@ async fn create_in_tx(
     let mut qb: QueryBuilder<MySql> =
         QueryBuilder::new("SELECT idx, state FROM dockhand_worklist WHERE parent_id = ");
     qb.push_bind(parent).push(" AND idx IN (");
-    push_idxs(&mut qb, &idxs);
+    push_list(&mut qb, &idxs);
     qb.push(") ORDER BY idx FOR UPDATE");
     let mut rows: HashMap<i32, String> = HashMap::new();
     for r in qb
@@ -333,7 +326,7 @@ async fn insert_children(
          WHERE w.parent_id = ",
     );
     qb.push_bind(parent).push(" AND w.idx IN (");
-    push_idxs(&mut qb, &made);
+    push_list(&mut qb, &made);
     qb.push(")");
     qb.build()
         .execute(&mut *conn)
@@ -376,5 +369,116 @@ async fn insert_children(
             .await
             .map_err(Error::db("create_children (step actions)"))?;
     }
-    Ok(actions.iter().any(|a| a.scheduled_at <= now))
+    let run_by = create
+        .first()
+        .and_then(|(at, _)| specs[*at].run_by.as_ref());
+    let leased = match run_by {
+        Some(by) => lease_steps(&mut *conn, &actions, by, now).await?,
+        None => HashMap::new(),
+    };
+    for (at, _) in create {
+        let c = &specs[*at];
+        let child = ids[&c.idx];
+        if let Some(&step_action) = leased.get(&format!("j:{child}:{}", c.step_index)) {
+            outcomes[*at] = Some(ChildOutcome::Leased { child, step_action });
+        }
+    }
+    Ok(actions.iter().any(|a| {
+        a.scheduled_at <= now
+            && !a
+                .unique_key
+                .as_ref()
+                .is_some_and(|k| leased.contains_key(k))
+    }))
+}
+
+/// Leases the just-inserted step actions to `by` as a claim would (running, token + 1,
+/// attempt + 1, a `started` log row), except those in a paused or limited group, which stay
+/// pending for the runners; the leases by unique key.
+async fn lease_steps(
+    conn: &mut MySqlConnection,
+    actions: &[crate::action::PreparedAction],
+    by: &RunBy,
+    now: DateTime<Utc>,
+) -> Result<HashMap<String, Lease>> {
+    let op = "create_children (lease step actions)";
+    let keys: Vec<&str> = actions
+        .iter()
+        .filter_map(|a| a.unique_key.as_deref())
+        .collect();
+    let mut picked: Vec<(i64, String, i64)> = Vec::with_capacity(keys.len());
+    for part in keys.chunks(ROWS_PER_STATEMENT) {
+        let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+            "SELECT id, unique_key, lease_token FROM dockhand_actions
+             WHERE status = 'pending' AND active_key IN (",
+        );
+        let mut sep = qb.separated(", ");
+        for k in part {
+            sep.push_bind(k.as_bytes().to_vec());
+        }
+        qb.push(
+            ") AND (group_name IS NULL OR group_name NOT IN (
+                   SELECT group_name FROM dockhand_group_pauses
+                   UNION ALL SELECT group_name FROM dockhand_group_limits))
+             FOR UPDATE",
+        );
+        for r in qb
+            .build()
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(Error::db(op))?
+        {
+            picked.push((
+                r.try_get("id").map_err(Error::db(op))?,
+                text(&r, "unique_key")?,
+                r.try_get("lease_token").map_err(Error::db(op))?,
+            ));
+        }
+    }
+    if picked.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let ids: Vec<i64> = picked.iter().map(|p| p.0).collect();
+    for part in ids.chunks(ROWS_PER_STATEMENT) {
+        let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+            "UPDATE dockhand_actions SET status = 'running', lease_token = lease_token + 1,
+             attempt = attempt + 1, lease_owner = ",
+        );
+        qb.push_bind(&by.owner)
+            .push(", lease_until = ")
+            .push_bind(ms(by.lease_until))
+            .push(", started_at = ")
+            .push_bind(ms(now))
+            .push(" WHERE status = 'pending' AND id IN (");
+        push_list(&mut qb, part);
+        qb.push(")");
+        qb.build()
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(op))?;
+        let mut qb: QueryBuilder<MySql> =
+            QueryBuilder::new("INSERT INTO dockhand_action_logs (action_id, at, event, detail) ");
+        qb.push_values(part, |mut b, id| {
+            b.push_bind(*id)
+                .push_bind(ms(now))
+                .push("'started'")
+                .push_bind(&by.owner);
+        });
+        qb.build()
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db(op))?;
+    }
+    Ok(picked
+        .into_iter()
+        .map(|(id, key, token)| {
+            (
+                key,
+                Lease {
+                    id,
+                    token: token + 1,
+                },
+            )
+        })
+        .collect())
 }

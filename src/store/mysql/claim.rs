@@ -78,7 +78,7 @@ pub(super) async fn claim_on(
         .push(", started_at = ")
         .push_bind(ms(req.now))
         .push(" WHERE status = 'pending' AND id IN (");
-    push_ids(&mut qb, &ids);
+    push_list(&mut qb, &ids);
     qb.push(")");
     qb.build()
         .execute(&mut *conn)
@@ -88,7 +88,7 @@ pub(super) async fn claim_on(
         "SELECT id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms,
          lease_token FROM dockhand_actions WHERE id IN (",
     );
-    push_ids(&mut qb, &ids);
+    push_list(&mut qb, &ids);
     qb.push(") ORDER BY priority, scheduled_at, id");
     let rows = qb
         .build()
@@ -202,11 +202,14 @@ pub(super) async fn pick(
         .collect()
 }
 
-/// Appends `id, id, …` as bound parameters.
-pub(super) fn push_ids(qb: &mut QueryBuilder<'_, MySql>, ids: &[i64]) {
+/// Appends `v, v, …` as bound parameters (the inside of an `IN (…)` list).
+pub(super) fn push_list<'a, T>(qb: &mut QueryBuilder<'a, MySql>, values: &[T])
+where
+    T: Copy + Send + 'a + sqlx::Encode<'a, MySql> + sqlx::Type<MySql>,
+{
     let mut sep = qb.separated(", ");
-    for id in ids {
-        sep.push_bind(*id);
+    for v in values {
+        sep.push_bind(*v);
     }
 }
 
@@ -230,7 +233,7 @@ pub(super) async fn heartbeat(
                 .push_bind(owner)
                 .push(" AND id IN (");
             let ids: Vec<i64> = chunk.iter().map(|l| l.id).collect();
-            push_ids(&mut qb, &ids);
+            push_list(&mut qb, &ids);
             qb.push(") AND (");
             let mut sep = qb.separated(" OR ");
             for l in chunk {

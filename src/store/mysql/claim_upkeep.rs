@@ -2,6 +2,7 @@
 //! live jobs ([`crate::Store::renew_claims`]) and releasing the claims superseded step runs took
 //! ([`crate::Store::release_superseded_claims`]) — and the step-run fence a claim takes.
 
+use super::claim::push_list;
 use super::connect::retry_deadlocks;
 use super::{ms, MySqlStore};
 use crate::claims::ClaimRun;
@@ -43,10 +44,7 @@ pub(super) async fn renew_claims(
             QueryBuilder::new("UPDATE dockhand_item_claims SET expires_at = ");
         qb.push_bind(ms(now))
             .push(" + ttl_ms WHERE status = 'claimed' AND ttl_ms IS NOT NULL AND id IN (");
-        let mut list = qb.separated(", ");
-        for id in ids {
-            list.push_bind(*id);
-        }
+        push_list(&mut qb, ids);
         qb.push(")");
         let done = qb
             .build()
@@ -157,10 +155,7 @@ pub(super) async fn release_in_tx(
     for chunk in ids.chunks(500) {
         let mut qb: QueryBuilder<MySql> =
             QueryBuilder::new("DELETE FROM dockhand_item_claims WHERE id IN (");
-        let mut list = qb.separated(", ");
-        for id in chunk {
-            list.push_bind(*id);
-        }
+        push_list(&mut qb, chunk);
         qb.push(")");
         released += qb
             .build()

@@ -193,6 +193,7 @@ fn child(parent: i64, idx: i32) -> ChildSpec {
         claim_tokens: Vec::new(),
         claim_ttl: Duration::minutes(30),
         step: step(),
+        run_by: None,
     }
 }
 

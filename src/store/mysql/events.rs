@@ -1,6 +1,7 @@
 //! MySQL: the lifecycle-event outbox (one row per job, rewritten on each transition; a
 //! delivery marks it).
 
+use super::claim::push_list;
 use super::connect::retry_deadlocks;
 use super::jobs::{opt_text, text};
 use super::{from_ms, ms, MySqlStore};
@@ -78,10 +79,7 @@ pub(super) async fn mark_events_delivered(
             sqlx::QueryBuilder::new("UPDATE dockhand_job_events SET delivered_at = ");
         qb.push_bind(ms(now))
             .push(" WHERE delivered_at IS NULL AND id IN (");
-        let mut ids = qb.separated(", ");
-        for id in event_ids {
-            ids.push_bind(*id);
-        }
+        push_list(&mut qb, event_ids);
         qb.push(")");
         let done = qb
             .build()

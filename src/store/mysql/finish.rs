@@ -10,7 +10,7 @@
 //! each guard on the locked rows, then write every completion in one UPDATE, every release in
 //! another, the rest row by row, and all log rows in one multi-row insert.
 
-use super::claim::push_ids;
+use super::claim::push_list;
 use super::enqueue::enqueue_one;
 use super::{ms, opt_text, retry_deadlocks, text, MySqlStore};
 use crate::error::{Error, Result};
@@ -96,7 +96,7 @@ pub(super) async fn enqueue_followups(
          FROM dockhand_actions WHERE hook = ",
     );
     qb.push_bind(STEP_HOOK).push(" AND id IN (");
-    push_ids(&mut qb, ids);
+    push_list(&mut qb, ids);
     qb.push(") ORDER BY id");
     let rows = qb
         .build()
@@ -212,7 +212,7 @@ pub(super) async fn finish_chunk(
     ids.dedup();
     let mut qb: QueryBuilder<MySql> =
         QueryBuilder::new("SELECT id, lease_token, status FROM dockhand_actions WHERE id IN (");
-    push_ids(&mut qb, &ids);
+    push_list(&mut qb, &ids);
     qb.push(") ORDER BY id FOR UPDATE");
     let rows = qb
         .build()
@@ -285,7 +285,7 @@ pub(super) async fn finish_chunk(
             }
         }
         qb.push(" WHERE status = 'running' AND id IN (");
-        push_ids(&mut qb, ids);
+        push_list(&mut qb, ids);
         qb.push(")");
         let n = qb
             .build()

@@ -9,6 +9,7 @@
 //! re-runs the whole group ([`retry_deadlocks`]).
 
 use super::bridge::finish_in_tx;
+use super::claim::push_list;
 use super::claim_upkeep::release_in_tx;
 use super::connect::retry_deadlocks;
 use super::fence::child_finished;
@@ -21,7 +22,7 @@ use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
 use crate::jobs::Job;
 use crate::jobs::{FinishRequest, GroupFinished, StepStart};
-use crate::state::{step_gate, JobStatus, ParentView, StepGate};
+use crate::state::{JobStatus, ParentView};
 use crate::store::finish_group::{check_final, job_order, GroupOutcomes, RollBack};
 use crate::store::{Finish, FinishResult, Lease};
 use chrono::{DateTime, Utc};
@@ -38,10 +39,7 @@ async fn lock_jobs(
     ids.sort_unstable();
     ids.dedup();
     let mut qb = QueryBuilder::<MySql>::new("SELECT id FROM dockhand_jobs WHERE id IN (");
-    let mut list = qb.separated(", ");
-    for id in &ids {
-        list.push_bind(*id);
-    }
+    push_list(&mut qb, &ids);
     qb.push(") ORDER BY id FOR UPDATE");
     qb.build()
         .fetch_all(&mut *conn)
@@ -88,10 +86,7 @@ async fn starts_in_tx(
         "SELECT {JOB_COLUMNS}, CAST(batch_state IS NOT NULL AS SIGNED) AS fanned_out
          FROM dockhand_jobs WHERE id IN ("
     ));
-    let mut list = qb.separated(", ");
-    for id in &ids {
-        list.push_bind(*id);
-    }
+    push_list(&mut qb, &ids);
     qb.push(") ORDER BY id FOR UPDATE");
     let rows = qb
         .build()
@@ -112,10 +107,7 @@ async fn starts_in_tx(
         let mut qb = QueryBuilder::<MySql>::new(
             "SELECT id, status, batch_outcome FROM dockhand_jobs WHERE id IN (",
         );
-        let mut list = qb.separated(", ");
-        for id in &parent_ids {
-            list.push_bind(*id);
-        }
+        push_list(&mut qb, &parent_ids);
         qb.push(") ORDER BY id LOCK IN SHARE MODE");
         for row in qb
             .build()
@@ -153,19 +145,11 @@ async fn starts_in_tx(
                         status: *status,
                         outcome: outcome.as_deref(),
                     });
-                match step_gate(job.status, job.step_index == step, *fanned_out, view) {
-                    StepGate::Stale => StepStart::Stale,
-                    StepGate::ParentStopped => StepStart::ParentStopped(job.clone()),
-                    StepGate::FannedOut => StepStart::FannedOut(job.clone()),
-                    StepGate::Run => StepStart::Run(job.clone()),
-                    StepGate::Start => {
-                        starting.push(job_id);
-                        let mut job = job.clone();
-                        job.status = JobStatus::Processing;
-                        job.updated_at = crate::clock::to_millis(now);
-                        StepStart::Run(job)
-                    }
+                let (start, moves) = StepStart::decide(job, step, *fanned_out, view, now);
+                if moves {
+                    starting.push(job_id);
                 }
+                start
             }
         };
         decided.insert(job_id, result.clone());
@@ -177,10 +161,7 @@ async fn starts_in_tx(
         );
         qb.push_bind(ms(now));
         qb.push(" WHERE status = 'pending' AND id IN (");
-        let mut list = qb.separated(", ");
-        for id in &starting {
-            list.push_bind(*id);
-        }
+        push_list(&mut qb, &starting);
         qb.push(")");
         let done = qb.build().execute(&mut *tx).await.map_err(Error::db(op))?;
         if done.rows_affected() != starting.len() as u64 {

@@ -4,7 +4,7 @@
 //! write it by id in the same transaction, so several processes running them at once take
 //! disjoint rows without waiting.
 
-use super::claim::push_ids;
+use super::claim::push_list;
 use super::finish::enqueue_followups;
 use super::{ms, retry_deadlocks, text, MySqlStore};
 use crate::error::{Error, Result};
@@ -89,7 +89,7 @@ async fn reap(
          lease_owner = NULL, lease_until = NULL
          WHERE status = 'running' AND id IN (",
     );
-    push_ids(&mut qb, &ids);
+    push_list(&mut qb, &ids);
     qb.push(")");
     qb.build()
         .execute(&mut *tx)
@@ -128,7 +128,7 @@ pub(super) async fn prune(store: &MySqlStore, c: &PruneCutoffs) -> Result<u64> {
         }
         let mut qb: QueryBuilder<MySql> =
             QueryBuilder::new("DELETE FROM dockhand_action_logs WHERE action_id IN (");
-        push_ids(&mut qb, &ids);
+        push_list(&mut qb, &ids);
         qb.push(")");
         qb.build()
             .execute(&mut *tx)
@@ -136,7 +136,7 @@ pub(super) async fn prune(store: &MySqlStore, c: &PruneCutoffs) -> Result<u64> {
             .map_err(Error::db("prune (logs)"))?;
         let mut qb: QueryBuilder<MySql> =
             QueryBuilder::new("DELETE FROM dockhand_actions WHERE id IN (");
-        push_ids(&mut qb, &ids);
+        push_list(&mut qb, &ids);
         qb.push(") AND status IN ('complete', 'canceled', 'failed')");
         let done = qb
             .build()

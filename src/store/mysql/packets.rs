@@ -1,5 +1,6 @@
 //! MySQL: content-addressed packets (a step's output bodies, stored once per hash).
 
+use super::claim::push_list;
 use super::connect::retry_deadlocks;
 use super::jobs::text;
 use super::{ms, MySqlStore};
@@ -71,10 +72,7 @@ pub(super) async fn packet_bodies(
     for part in hashes.chunks(HASHES_PER_STATEMENT) {
         let mut qb: QueryBuilder<MySql> =
             QueryBuilder::new("SELECT hash, body FROM dockhand_packets WHERE hash IN (");
-        let mut list = qb.separated(", ");
-        for hash in part {
-            list.push_bind(*hash);
-        }
+        push_list(&mut qb, part);
         qb.push(")");
         let rows = qb
             .build()

@@ -2,7 +2,7 @@
 //!
 //! Args filters compare the canonical JSON text (`encode_args` sorts object keys), like SQLite.
 
-use super::claim::push_ids;
+use super::claim::push_list;
 use super::{from_ms, ms, opt_text, retry_deadlocks, text, MySqlStore};
 use crate::action::{encode_args, Action, ActionFilter, ActionLog, ActionOrder, ActionQuery};
 use crate::error::{Error, Result};
@@ -267,7 +267,7 @@ pub(super) async fn unschedule(
             );
             qb.push_bind(ms(now))
                 .push(" WHERE status = 'pending' AND id IN (");
-            push_ids(&mut qb, chunk);
+            push_list(&mut qb, chunk);
             qb.push(")");
             qb.build()
                 .execute(&mut *tx)

@@ -1,7 +1,7 @@
 //! Job and packet retention on MySQL/MariaDB (Q11, B8): bounded batches of final jobs with
 //! their events and leftover worklist rows, and packets nothing stored references.
 
-use super::claim::push_ids;
+use super::claim::push_list;
 use super::jobs::text;
 use super::{ms, retry_deadlocks, MySqlStore};
 use crate::error::{Error, Result};
@@ -43,7 +43,7 @@ pub(super) async fn prune_jobs(store: &MySqlStore, c: &PruneCutoffs) -> Result<J
         }
         let delete = |sql: &str| {
             let mut qb: QueryBuilder<MySql> = QueryBuilder::new(sql);
-            push_ids(&mut qb, &ids);
+            push_list(&mut qb, &ids);
             qb.push(")");
             qb
         };

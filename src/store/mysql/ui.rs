@@ -5,7 +5,7 @@
 //! ids `FOR UPDATE` first, in one transaction run inside [`retry_deadlocks`].
 
 use super::args_match::push_args_contains;
-use super::claim::push_ids;
+use super::claim::push_list;
 use super::query::{LOG_FROM_ROW, LOG_FROM_ROW_BINDS};
 use super::{from_ms, ms, opt_text, retry_deadlocks, text, MySqlStore};
 use crate::action::ActionLog;
@@ -314,7 +314,7 @@ async fn lock_ids(
 ) -> Result<Vec<i64>> {
     let mut qb: QueryBuilder<MySql> =
         QueryBuilder::new("SELECT id FROM dockhand_actions WHERE id IN (");
-    push_ids(&mut qb, ids);
+    push_list(&mut qb, ids);
     qb.push(format!(") AND {cond} ORDER BY id FOR UPDATE"));
     qb.build_query_scalar()
         .fetch_all(conn)
@@ -338,7 +338,7 @@ async fn update_ids(
     let mut qb: QueryBuilder<MySql> = QueryBuilder::new("UPDATE dockhand_actions SET ");
     qb.push(head).push_bind(ms(now)).push(tail);
     qb.push(" WHERE id IN (");
-    push_ids(&mut qb, ids);
+    push_list(&mut qb, ids);
     qb.push(")");
     qb.build().execute(conn).await.map_err(Error::db(op))?;
     Ok(())
@@ -397,7 +397,7 @@ pub(super) async fn retry_many(
         let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
             "SELECT id, unique_key IS NOT NULL FROM dockhand_actions WHERE id IN (",
         );
-        push_ids(&mut qb, ids);
+        push_list(&mut qb, ids);
         qb.push(") AND status IN ('failed', 'canceled') ORDER BY id FOR UPDATE");
         let rows: Vec<(i64, bool)> = qb
             .build_query_as()
@@ -460,7 +460,7 @@ pub(super) async fn run_now(
         let mut tx = store.begin("run now").await?;
         let mut qb: QueryBuilder<MySql> =
             QueryBuilder::new("SELECT id FROM dockhand_actions WHERE id IN (");
-        push_ids(&mut qb, ids);
+        push_list(&mut qb, ids);
         qb.push(") AND status = 'pending' AND scheduled_at > ")
             .push_bind(ms(now))
             .push(" ORDER BY id FOR UPDATE");
@@ -496,7 +496,7 @@ pub(super) async fn delete_actions(store: &MySqlStore, ids: &[i64]) -> Result<Bu
             ] {
                 let mut qb: QueryBuilder<MySql> =
                     QueryBuilder::new(format!("DELETE FROM {table} WHERE {col} IN ("));
-                push_ids(&mut qb, &changed);
+                push_list(&mut qb, &changed);
                 qb.push(")");
                 qb.build()
                     .execute(&mut *tx)

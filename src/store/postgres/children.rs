@@ -11,7 +11,7 @@
 use super::batch::{chunk_fence, discard_row, refusal};
 use super::enqueue::enqueue_fresh;
 use super::{ts, PgStore};
-use crate::batch::{ChildOutcome, ChildSpec, DiscardCause};
+use crate::batch::{ChildOutcome, ChildSpec, DiscardCause, RunBy};
 use crate::error::{Error, Result};
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
@@ -312,6 +312,67 @@ async fn insert_children(
             c.step.action(ids[&c.idx], c.step_index, now)
         })
         .collect();
+    let run_by = create
+        .first()
+        .and_then(|(at, _)| specs[*at].run_by.as_ref());
     enqueue_fresh(&mut *conn, &actions, now, Some(channel)).await?;
-    Ok(actions.iter().any(|a| a.scheduled_at <= now))
+    let leased = match run_by {
+        Some(by) => lease_steps(&mut *conn, &actions, by, now).await?,
+        None => HashMap::new(),
+    };
+    for (at, _) in create {
+        let c = &specs[*at];
+        let child = ids[&c.idx];
+        if let Some(&step_action) = leased.get(&format!("j:{child}:{}", c.step_index)) {
+            outcomes[*at] = Some(ChildOutcome::Leased { child, step_action });
+        }
+    }
+    Ok(actions.iter().any(|a| {
+        a.scheduled_at <= now
+            && !a
+                .unique_key
+                .as_ref()
+                .is_some_and(|k| leased.contains_key(k))
+    }))
+}
+
+/// Leases the just-enqueued step actions to `by` as a claim would (running, token + 1,
+/// attempt + 1, a `started` log row), except those in a paused or limited group, which stay
+/// pending for the runners; the leases by unique key.
+async fn lease_steps(
+    conn: &mut PgConnection,
+    actions: &[crate::action::PreparedAction],
+    by: &RunBy,
+    now: DateTime<Utc>,
+) -> Result<HashMap<String, Lease>> {
+    let keys: Vec<&str> = actions
+        .iter()
+        .filter_map(|a| a.unique_key.as_deref())
+        .collect();
+    let rows: Vec<(i64, String, i64)> = sqlx::query_as(
+        "WITH leased AS (
+             UPDATE dockhand_actions a
+             SET status = 'running', lease_owner = $1, lease_token = a.lease_token + 1,
+                 lease_until = $2, attempt = a.attempt + 1, started_at = $3
+             WHERE a.unique_key = ANY($4::text[]) AND a.status = 'pending'
+               AND (a.group_name IS NULL
+                    OR a.group_name NOT IN (SELECT group_name FROM dockhand_group_pauses
+                                            UNION ALL SELECT group_name FROM dockhand_group_limits))
+             RETURNING a.id, a.unique_key, a.lease_token),
+         logged AS (
+             INSERT INTO dockhand_action_logs (action_id, at, event, detail)
+             SELECT id, $3, 'started', $1 FROM leased)
+         SELECT id, unique_key, lease_token FROM leased",
+    )
+    .bind(&by.owner)
+    .bind(ts(by.lease_until))
+    .bind(ts(now))
+    .bind(&keys)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db("create_children (lease step actions)"))?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, key, token)| (key, Lease { id, token }))
+        .collect())
 }

@@ -15,7 +15,7 @@ use super::{ts, PgStore};
 use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
 use crate::jobs::{FinishRequest, GroupFinished, Job, StepStart};
-use crate::state::{step_gate, JobStatus, ParentView, StepGate};
+use crate::state::{JobStatus, ParentView};
 use crate::store::finish_group::{check_final, in_request_order, job_order, RollBack, SetFinished};
 use crate::store::rerun::rerun_transaction;
 use crate::store::Lease;
@@ -106,20 +106,15 @@ pub(super) async fn start_steps(
                     status: *status,
                     outcome: outcome.as_deref(),
                 });
-            out[i] = Some(
-                match step_gate(job.status, job.step_index == step, *fanned_out, view) {
-                    StepGate::Stale => StepStart::Stale,
-                    StepGate::ParentStopped => StepStart::ParentStopped(job.clone()),
-                    StepGate::FannedOut => StepStart::FannedOut(job.clone()),
-                    StepGate::Run => StepStart::Run(job.clone()),
-                    StepGate::Start => {
-                        job.status = JobStatus::Processing;
-                        job.updated_at = crate::clock::to_millis(now);
-                        starts.push(job_id);
-                        StepStart::Run(job.clone())
-                    }
-                },
-            );
+            let (start, moves) = StepStart::decide(job, step, *fanned_out, view, now);
+            if moves {
+                // A second request for the job sees it started, as the single path would.
+                if let StepStart::Run(started) = &start {
+                    *job = started.clone();
+                }
+                starts.push(job_id);
+            }
+            out[i] = Some(start);
         }
         if !starts.is_empty() {
             let done = sqlx::query(

@@ -29,11 +29,14 @@ const MAX_PARAMS: usize = 32_000;
 const LEASE: &str = "UPDATE dockhand_worklist
  SET state = 'leased', lease_owner = ?2, lease_until = ?3
  WHERE parent_id = ?1 AND idx IN (
-     SELECT idx FROM dockhand_worklist
-     WHERE parent_id = ?1
-       AND (state = 'ready'
-            OR (state = 'leased'
-                AND (lease_until IS NULL OR lease_until <= ?4 OR lease_owner = ?2)))
+     SELECT idx FROM (
+         SELECT idx FROM (SELECT idx FROM dockhand_worklist
+                          WHERE parent_id = ?1 AND state = 'ready' ORDER BY idx LIMIT ?5)
+         UNION ALL
+         SELECT idx FROM (SELECT idx FROM dockhand_worklist
+                          WHERE parent_id = ?1 AND state = 'leased'
+                            AND (lease_until IS NULL OR lease_until <= ?4 OR lease_owner = ?2)
+                          ORDER BY idx LIMIT ?5))
      ORDER BY idx
      LIMIT ?5)
  RETURNING parent_id, idx, payload_ref, sidecar, attempts";

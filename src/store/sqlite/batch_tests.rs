@@ -81,6 +81,7 @@ pub(super) fn spec(parent: i64, idx: i32, tokens: &[&Descriptor]) -> ChildSpec {
         claim_tokens: tokens.iter().map(|d| d.token.clone()).collect(),
         claim_ttl: chrono::Duration::minutes(30),
         step: step(),
+        run_by: None,
     }
 }
 

@@ -11,7 +11,7 @@
 
 use super::batch::{chunk_fence, discard_row, refusal};
 use super::{ms, SqliteStore};
-use crate::batch::{sidecar_text_is_malformed, ChildOutcome, ChildSpec, DiscardCause};
+use crate::batch::{sidecar_text_is_malformed, ChildOutcome, ChildSpec, DiscardCause, RunBy};
 use crate::error::{Error, Result};
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
@@ -191,6 +191,41 @@ async fn create_in_tx(
     Ok((outcomes, due))
 }
 
+/// Leases the just-inserted step actions `(id, unique key)` to `by` as a claim would (running,
+/// token + 1, attempt + 1; the `started` log entry comes from the claim trigger of 0004),
+/// except those in a paused or limited group, which stay pending for the runners; the leases
+/// by unique key.
+async fn lease_steps(
+    tx: &mut SqliteConnection,
+    inserted: &[(i64, String)],
+    by: &RunBy,
+    now: DateTime<Utc>,
+) -> Result<HashMap<String, Lease>> {
+    let ids: Vec<i64> = inserted.iter().map(|(id, _)| *id).collect();
+    let rows: Vec<(i64, i64)> = sqlx::query_as(
+        "UPDATE dockhand_actions
+         SET status = 'running', lease_owner = ?1, lease_token = lease_token + 1,
+             lease_until = ?2, attempt = attempt + 1, started_at = ?3
+         WHERE id IN (SELECT value FROM json_each(?4)) AND status = 'pending'
+           AND (group_name IS NULL
+                OR group_name NOT IN (SELECT group_name FROM dockhand_group_pauses
+                                      UNION ALL SELECT group_name FROM dockhand_group_limits))
+         RETURNING id, lease_token",
+    )
+    .bind(&by.owner)
+    .bind(ms(by.lease_until))
+    .bind(ms(now))
+    .bind(json!(ids).to_string())
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(Error::db("create_children (lease step actions)"))?;
+    let keys: HashMap<i64, &String> = inserted.iter().map(|(id, k)| (*id, k)).collect();
+    Ok(rows
+        .into_iter()
+        .filter_map(|(id, token)| keys.get(&id).map(|k| ((*k).clone(), Lease { id, token })))
+        .collect())
+}
+
 /// Inserts the children of `create` (spec position, its claim tokens) with their hand-overs,
 /// rows, counter and step actions; fills their outcomes. True when a step action is due.
 async fn insert_children(
@@ -291,7 +326,7 @@ async fn insert_children(
             c.step.action(ids[&c.idx], c.step_index, now)
         })
         .collect();
-    let due = actions.iter().any(|a| a.scheduled_at <= now);
+    let mut inserted: Vec<(i64, String)> = Vec::with_capacity(actions.len());
     for part in actions.chunks(MAX_PARAMS / PARAMS_PER_ACTION) {
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
             "INSERT INTO dockhand_actions (hook, args, group_name, priority, status,
@@ -312,12 +347,36 @@ async fn insert_children(
         // A fresh child has no active step action; a conflict could only be a leftover.
         qb.push(
             " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
-              AND status IN ('pending', 'running') DO NOTHING",
+              AND status IN ('pending', 'running') DO NOTHING
+              RETURNING id, unique_key",
         );
-        qb.build()
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::db("create_children (step actions)"))?;
+        inserted.extend(
+            qb.build_query_as::<(i64, String)>()
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(Error::db("create_children (step actions)"))?,
+        );
+    }
+    let run_by = create
+        .first()
+        .and_then(|(at, _)| specs[*at].run_by.as_ref());
+    let leased = match run_by {
+        Some(by) => lease_steps(&mut *tx, &inserted, by, now).await?,
+        None => HashMap::new(),
+    };
+    let due = actions.iter().any(|a| {
+        a.scheduled_at <= now
+            && !a
+                .unique_key
+                .as_ref()
+                .is_some_and(|k| leased.contains_key(k))
+    });
+    for (at, _) in create {
+        let c = &specs[*at];
+        let child = ids[&c.idx];
+        if let Some(&step_action) = leased.get(&format!("j:{child}:{}", c.step_index)) {
+            outcomes[*at] = Some(ChildOutcome::Leased { child, step_action });
+        }
     }
     Ok(due)
 }

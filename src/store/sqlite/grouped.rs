@@ -15,7 +15,7 @@ use super::{ms, SqliteStore};
 use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
 use crate::jobs::{FinishRequest, GroupFinished, StepStart};
-use crate::state::{step_gate, JobStatus, ParentView, StepGate};
+use crate::state::ParentView;
 use crate::store::finish_group::{check_final, in_request_order, job_order, RollBack, SetFinished};
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
@@ -99,21 +99,15 @@ pub(super) async fn start_steps(
             }),
             _ => None,
         };
-        let same_step = row.job.step_index == step;
-        out[i] = Some(
-            match step_gate(row.job.status, same_step, row.fanned_out, parent) {
-                StepGate::Stale => StepStart::Stale,
-                StepGate::ParentStopped => StepStart::ParentStopped(row.job.clone()),
-                StepGate::FannedOut => StepStart::FannedOut(row.job.clone()),
-                StepGate::Run => StepStart::Run(row.job.clone()),
-                StepGate::Start => {
-                    row.job.status = JobStatus::Processing;
-                    row.job.updated_at = crate::clock::to_millis(now);
-                    starts.push((i, job_id, step));
-                    StepStart::Run(row.job.clone())
-                }
-            },
-        );
+        let (start, moves) = StepStart::decide(&row.job, step, row.fanned_out, parent, now);
+        if moves {
+            // A second request for the job sees it started, as the single path would.
+            if let StepStart::Run(job) = &start {
+                row.job = job.clone();
+            }
+            starts.push((i, job_id, step));
+        }
+        out[i] = Some(start);
     }
     if !starts.is_empty() {
         let pairs: Vec<[i64; 2]> = starts

@@ -106,6 +106,7 @@ pub(super) async fn spec_for(rt: &dockhand::Runtime, parent: i64, idx: i32) -> C
             max_attempts: 3,
             group: None,
         },
+        run_by: None,
     }
 }
 

@@ -126,6 +126,7 @@ pub(super) fn child(parent: i64, idx: i32, tokens: Vec<String>) -> ChildSpec {
         claim_tokens: tokens,
         claim_ttl: chrono::Duration::minutes(30),
         step: step(),
+        run_by: None,
     }
 }
 
