@@ -505,10 +505,11 @@ async fn produce(rt: &Runtime, plan: &Plan, over: Duration) -> Acks {
         *n += 1;
         t0 + gap * *n
     };
-    for (prefix, items) in &plan.batches {
+    for (b, (prefix, items)) in plan.batches.iter().enumerate() {
         let input = json!({"prefix": prefix, "n": items});
         let all = workload::batch_items(prefix, *items).collect();
-        start_job(rt, workload::BATCH_PIPELINE, input, all, &mut acks).await;
+        let pipeline = workload::batch_pipeline_for(b);
+        start_job(rt, pipeline, input, all, &mut acks).await;
         tokio::time::sleep_until(pace(&mut n).into()).await;
     }
     for (i, a) in plan.actions.iter().enumerate() {

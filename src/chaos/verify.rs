@@ -182,7 +182,8 @@ pub async fn verify(
                 ));
             }
             Some(j) => {
-                if *pipeline == workload::BATCH_PIPELINE && j.status == JobStatus::Completed {
+                let batch = [workload::BATCH_PIPELINE, workload::IN_CHUNK_PIPELINE];
+                if batch.contains(pipeline) && j.status == JobStatus::Completed {
                     c.batches_finished += 1;
                 }
             }

@@ -32,6 +32,18 @@ pub const SLOW_HOOK: &str = "chaos.slow";
 pub const CLAIMS_PIPELINE: &str = "chaos-claims";
 /// The pipeline that claims `{prefix, n}` items and fans them out in chunks of [`CHUNK`].
 pub const BATCH_PIPELINE: &str = "chaos-batch";
+/// [`BATCH_PIPELINE`] with its children run by their chunk (`Pipeline::children_in_chunk`):
+/// the plan's odd-numbered batches.
+pub const IN_CHUNK_PIPELINE: &str = "chaos-batch-in-chunk";
+
+/// The batch pipeline the plan's batch number `b` runs on.
+pub fn batch_pipeline_for(b: usize) -> &'static str {
+    if b % 2 == 1 {
+        IN_CHUNK_PIPELINE
+    } else {
+        BATCH_PIPELINE
+    }
+}
 /// The claim scope of every item.
 pub const SCOPE: &str = "shared:chaos";
 /// The source type of every item.
@@ -85,7 +97,8 @@ pub fn register(b: RuntimeBuilder, store: DynStore, clock: Arc<dyn Clock>) -> Ru
         .handler(PLAIN_HOOK, move |ctx| plain(ctx, s1.clone(), c1.clone()))
         .handler(SLOW_HOOK, move |ctx| slow(ctx, s2.clone(), c2.clone()))
         .pipeline(claims_pipeline(s3.clone()))
-        .pipeline(batch_pipeline(s3))
+        .pipeline(batch_pipeline(BATCH_PIPELINE, s3.clone()))
+        .pipeline(batch_pipeline(IN_CHUNK_PIPELINE, s3).children_in_chunk(4))
 }
 
 fn arg_u64(args: &Value, name: &str) -> u64 {
@@ -216,8 +229,8 @@ pub fn batch_items(prefix: &str, n: u64) -> impl Iterator<Item = String> + '_ {
     (0..n).map(move |i| format!("{prefix}-{i}"))
 }
 
-fn batch_pipeline(store: DynStore) -> Pipeline {
-    Pipeline::new(BATCH_PIPELINE)
+fn batch_pipeline(name: &str, store: DynStore) -> Pipeline {
+    Pipeline::new(name)
         .step("split", move |ctx| {
             let store = store.clone();
             async move {
