@@ -41,6 +41,7 @@ pub(crate) struct RunControl {
     settled: Arc<std::sync::atomic::AtomicBool>,
     slot: Arc<std::sync::Mutex<Option<crate::runner::held::RunSlot>>>,
     runner: Option<Arc<RunnerFacts>>,
+    finishes: Option<Arc<crate::batch::in_chunk::FinishQueue>>,
 }
 
 /// What a run's handler may know of the runner running it: enough to lease, heartbeat and
@@ -75,7 +76,23 @@ impl RunControl {
             settled: Arc::default(),
             slot: Arc::new(std::sync::Mutex::new(slot)),
             runner: None,
+            finishes: None,
         }
+    }
+
+    /// This control, with the run's bridge finish written through `queue` (a child run by its
+    /// chunk) instead of the engine's group commit.
+    pub(crate) fn with_finish_queue(
+        mut self,
+        queue: Arc<crate::batch::in_chunk::FinishQueue>,
+    ) -> Self {
+        self.finishes = Some(queue);
+        self
+    }
+
+    /// Where the run's bridge finish goes, when not to the engine's group commit.
+    pub(crate) fn finish_queue(&self) -> Option<&Arc<crate::batch::in_chunk::FinishQueue>> {
+        self.finishes.as_ref()
     }
 
     /// This control, telling the handler about the runner running it.

@@ -1,24 +1,31 @@
 //! Children run by the chunk run that created them ([`crate::Pipeline::children_in_chunk`]).
 //!
 //! The chunk's [`crate::Store::create_children`] leased the new children's step actions to its
-//! runner ([`super::ChildSpec::run_by`]); here the chunk runs their steps through the same
-//! [`Engine::run_step`] a runner would call, up to the pipeline's bound at once, so their step
-//! starts and bridge finishes meet in the engine's group commits as chunk-sized groups. Leases
-//! are heartbeated while the children run. A step that finished its job settled its step
-//! action in the bridge's transaction; every other end is written as the runner writes it
+//! runner ([`super::ChildSpec::run_by`]); here the chunk runs their steps through the engine's
+//! step path ([`Engine::run_started`], as a runner's [`Engine::run_step`] would), up to the
+//! pipeline's bound at once: their step boundaries in one [`crate::Store::start_steps`], their
+//! bridge finishes queued in a [`FinishQueue`] and written together once every child still
+//! running has reached its finish (or [`FINISH_WAIT`] after the first), so a chunk of 100
+//! children is one start and, for uniform children, one finish transaction. Leases are
+//! heartbeated while the children run. A step that finished its job settled its step action in
+//! the bridge's transaction; every other end is written as the runner writes it
 //! ([`crate::runner::execute::finish_for`]: retry with backoff and the attempt counted, fail,
 //! snooze), in one [`crate::Store::finish_many`]. If the chunk run dies, or that write fails,
 //! the leases lapse and the reaper hands the step actions to the runners (R1).
 
+use crate::error::{Error, Result};
 use crate::handler::{ActionContext, RunControl, RunnerFacts};
+use crate::jobs::bridge::{self, RunFinished};
 use crate::jobs::engine::Engine;
+use crate::jobs::{FinishRequest, StepStart};
 use crate::runner::execute::{finish_for, task_end, RunEnd, RunOf};
 use crate::store::{Finish, Lease};
 use crate::telemetry;
 use backon::{ExponentialBuilder, Retryable};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinSet;
 
 /// A child whose step action the chunk run leased.
@@ -31,10 +38,57 @@ pub(crate) struct LeasedChild {
     pub(crate) group: Option<String>,
 }
 
+/// How long the first of a chunk's children to reach its bridge finish waits for the others
+/// before the ones waiting are written without them.
+const FINISH_WAIT: Duration = Duration::from_millis(2);
+
+/// The bridge finishes of a chunk's children
+/// ([`crate::handler::RunControl::with_finish_queue`]): a child's run queues its request
+/// here and waits; the chunk writes the queued ones with one [`bridge::finish_runs`] once
+/// every child still running is waiting (or [`FINISH_WAIT`] after the first arrived).
+#[derive(Default)]
+pub(crate) struct FinishQueue {
+    waiting: Mutex<Vec<(FinishRequest, oneshot::Sender<Result<RunFinished>>)>>,
+    arrived: Notify,
+}
+
+impl std::fmt::Debug for FinishQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FinishQueue")
+            .field("waiting", &self.len())
+            .finish()
+    }
+}
+
+impl FinishQueue {
+    /// Queues a child's finish and waits for the chunk to write it.
+    pub(crate) async fn submit(&self, req: FinishRequest) -> Result<RunFinished> {
+        let (tx, rx) = oneshot::channel();
+        self.lock().push((req, tx));
+        self.arrived.notify_one();
+        rx.await.unwrap_or_else(|_| {
+            Err(Error::Config(
+                "the chunk run writing this child's finish ended first".into(),
+            ))
+        })
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Vec<(FinishRequest, oneshot::Sender<Result<RunFinished>>)>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
 impl Engine {
-    /// Runs `children`'s steps (at most `max_concurrent` at once), heartbeating their leases
-    /// until each is done, then writes the finishes their runs did not settle themselves.
-    /// Never fails: what it cannot write is left to the leases' lapse.
+    /// Runs `children`'s steps (at most `max_concurrent` at once): their step boundaries in
+    /// one [`crate::Store::start_steps`], their bridge finishes through a [`FinishQueue`],
+    /// their leases heartbeated until each is done; then writes the finishes their runs did
+    /// not settle themselves. Never fails: what it cannot write is left to the leases' lapse.
     pub(crate) async fn run_children_in_chunk(
         self: &Arc<Self>,
         chunk: &ActionContext,
@@ -42,11 +96,13 @@ impl Engine {
         children: Vec<LeasedChild>,
         max_concurrent: usize,
     ) {
+        let starts = self.start_children(&children).await;
+        let queue = Arc::new(FinishQueue::default());
         let slots = Arc::new(tokio::sync::Semaphore::new(max_concurrent.max(1)));
         let mut runs = JoinSet::new();
         let mut by_task = HashMap::with_capacity(children.len());
-        for c in children {
-            let control = RunControl::new(None);
+        for (c, start) in children.into_iter().zip(starts) {
+            let control = RunControl::new(None).with_finish_queue(Arc::clone(&queue));
             let ctx = ActionContext {
                 action_id: c.lease.id,
                 hook: crate::jobs::STEP_HOOK.to_string(),
@@ -64,7 +120,12 @@ impl Engine {
             let limit = facts.default_timeout;
             let handle = runs.spawn(async move {
                 let _slot = slots.acquire_owned().await;
-                let run = tokio::spawn(engine.run_step(ctx));
+                let run = tokio::spawn(async move {
+                    match start {
+                        Some(start) => engine.run_started(ctx, start).await,
+                        None => engine.run_step(ctx).await,
+                    }
+                });
                 let abort = run.abort_handle();
                 let end = match limit {
                     Some(limit) => match tokio::time::timeout(limit, run).await {
@@ -84,9 +145,20 @@ impl Engine {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut writes: Vec<(Lease, Finish)> = Vec::new();
-        let mut running: HashMap<i64, Lease> =
-            by_task.values().map(|c| (c.lease.id, c.lease)).collect();
+        let mut first_waiting: Option<tokio::time::Instant> = None;
         loop {
+            let waiting = queue.len();
+            if waiting == 0 {
+                first_waiting = None;
+            } else {
+                let since = *first_waiting.get_or_insert_with(tokio::time::Instant::now);
+                if waiting >= by_task.len() || since.elapsed() >= FINISH_WAIT {
+                    self.write_queued_finishes(&queue).await;
+                    first_waiting = None;
+                    continue;
+                }
+            }
+            let flush_at = first_waiting.map(|t| t + FINISH_WAIT);
             tokio::select! {
                 done = runs.join_next_with_id() => {
                     let Some(done) = done else { break };
@@ -95,7 +167,6 @@ impl Engine {
                         Err(e) => (e.id(), RunEnd::Panicked("child run task failed".into()), false),
                     };
                     let Some(c) = by_task.remove(&id) else { continue };
-                    running.remove(&c.lease.id);
                     if settled {
                         metrics::counter!(telemetry::COMPLETED, "hook" => crate::jobs::STEP_HOOK).increment(1);
                         continue;
@@ -112,8 +183,11 @@ impl Engine {
                     }
                     writes.push((c.lease, finish));
                 }
+                _ = queue.arrived.notified() => {}
+                _ = async { if let Some(at) = flush_at { tokio::time::sleep_until(at).await } },
+                    if flush_at.is_some() => {}
                 _ = tick.tick() => {
-                    let leases: Vec<Lease> = running.values().copied().collect();
+                    let leases: Vec<Lease> = by_task.values().map(|c| c.lease).collect();
                     if leases.is_empty() {
                         continue;
                     }
@@ -125,6 +199,42 @@ impl Engine {
             }
         }
         self.write_child_finishes(&writes).await;
+    }
+
+    /// The step boundaries of `children` in one [`crate::Store::start_steps`]; `None` for
+    /// each when that call fails (each child's run then starts its step on its own path).
+    async fn start_children(&self, children: &[LeasedChild]) -> Vec<Option<StepStart>> {
+        let reqs: Vec<(i64, i32)> = children.iter().map(|c| (c.child, c.step)).collect();
+        match self.store.start_steps(&reqs, self.clock.now()).await {
+            Ok(v) if v.len() == reqs.len() => v.into_iter().map(Some).collect(),
+            Ok(_) | Err(_) => {
+                tracing::debug!(
+                    children = reqs.len(),
+                    "the chunk's step starts failed together; each child starts alone"
+                );
+                vec![None; reqs.len()]
+            }
+        }
+    }
+
+    /// Writes the queued children's finishes with one [`bridge::finish_runs`] and hands each
+    /// its result; lifecycle events are delivered after, as [`Engine::finish_run`] does.
+    async fn write_queued_finishes(&self, queue: &FinishQueue) {
+        let batch = std::mem::take(&mut *queue.lock());
+        let (reqs, waiters): (Vec<FinishRequest>, Vec<_>) = batch.into_iter().unzip();
+        let n = reqs.len();
+        let mut results =
+            bridge::finish_runs(&self.store, &self.completions, &reqs, self.clock.now())
+                .await
+                .into_iter();
+        for (i, waiter) in waiters.into_iter().enumerate() {
+            let r = results.next().unwrap_or_else(|| {
+                Err(Error::Config(format!(
+                    "finish_runs answered fewer than {n} children (child {i})"
+                )))
+            });
+            let _ = waiter.send(r);
+        }
     }
 
     /// Writes the children's finishes in one call, retrying transient errors as the runner's

@@ -157,6 +157,23 @@ impl Engine {
     /// Runs one `dockhand.job.step` action (the handler the runtime registers for it).
     pub(crate) async fn run_step(self: Arc<Self>, action: ActionContext) -> HandlerResult {
         let (job_id, step) = step_args(&action).map_err(HandlerError::fatal)?;
+        // The step boundary (B5, B7): the store decides whether this step may start.
+        let start = self
+            .start_step_grouped(job_id, step)
+            .await
+            .map_err(HandlerError::retry)?;
+        self.run_started(action, start).await
+    }
+
+    /// [`Self::run_step`] after its step boundary: `start` is what the store decided for the
+    /// action's `(job, step)` (a chunk running its children decides all of theirs in one
+    /// [`crate::Store::start_steps`]).
+    pub(crate) async fn run_started(
+        self: Arc<Self>,
+        action: ActionContext,
+        start: StepStart,
+    ) -> HandlerResult {
+        let (job_id, step) = step_args(&action).map_err(HandlerError::fatal)?;
         let lease = Lease {
             id: action.action_id,
             token: action.token,
@@ -165,12 +182,7 @@ impl Engine {
             lease,
             control: action.run.clone(),
         };
-        // The step boundary (B5, B7): the store decides whether this step may start.
-        let job = match self
-            .start_step_grouped(job_id, step)
-            .await
-            .map_err(HandlerError::retry)?
-        {
+        let job = match start {
             StepStart::Run(job) => job,
             StepStart::Stale => {
                 tracing::debug!(job_id, step, "stale step action: the job moved on");
@@ -305,7 +317,7 @@ impl Engine {
         superseded: Option<Superseded>,
     ) -> HandlerResult {
         match self
-            .finish_run(job_id, ack.lease, status, why, superseded)
+            .finish_run(job_id, ack.lease, &ack.control, status, why, superseded)
             .await
             .map_err(HandlerError::retry)?
         {

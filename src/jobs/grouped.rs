@@ -77,6 +77,7 @@ impl Engine {
         &self,
         job_id: i64,
         lease: Lease,
+        control: &crate::handler::RunControl,
         status: JobStatus,
         reason: Option<&str>,
         superseded: Option<Superseded>,
@@ -92,15 +93,22 @@ impl Engine {
             complete_run: true,
             superseded,
         };
-        let done = self
-            .grouped
-            .finishes
-            .submit(req, move |reqs: Vec<FinishRequest>| {
-                let (store, clock) = (Arc::clone(&store), Arc::clone(&clock));
-                let completions = completions.clone();
-                async move { bridge::finish_runs(&store, &completions, &reqs, clock.now()).await }
-            })
-            .await?;
+        let done = match control.finish_queue() {
+            // A child run by its chunk: the chunk writes its children's finishes together.
+            Some(queue) => queue.submit(req).await?,
+            None => {
+                self.grouped
+                    .finishes
+                    .submit(req, move |reqs: Vec<FinishRequest>| {
+                        let (store, clock) = (Arc::clone(&store), Arc::clone(&clock));
+                        let completions = completions.clone();
+                        async move {
+                            bridge::finish_runs(&store, &completions, &reqs, clock.now()).await
+                        }
+                    })
+                    .await?
+            }
+        };
         if matches!(&done, RunFinished::Done { finished, .. } if finished.changed)
             && self.hooks.any()
         {

@@ -143,6 +143,7 @@ conformance!(
     a_child_failing_in_its_chunk_is_retried_with_its_attempt_counted,
     a_fatal_child_in_its_chunk_fails_its_job_through_the_bridge,
     a_child_result_the_chunk_could_not_write_is_reaped_and_rerun,
+    children_in_chunk_ending_apart_are_all_finished,
     // Failure routes through the fault-injection store
     fault_bridge_fails_before_then_retry_finishes_once,
     fault_bridge_commits_but_ack_lost,

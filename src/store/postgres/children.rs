@@ -110,7 +110,8 @@ async fn create_in_tx(
     // token handed to an earlier row of this call is no longer the parent's for a later one.
     let mut held: HashSet<String> = sqlx::query_scalar(
         "SELECT token FROM dockhand_item_claims
-         WHERE token = ANY($2) AND job_id = $1 AND status = 'claimed'
+         WHERE id = ANY(ARRAY(SELECT d.id FROM dockhand_item_claims d WHERE d.token = ANY($2)))
+           AND job_id = $1 AND status = 'claimed'
          ORDER BY token FOR UPDATE",
     )
     .bind(parent)
@@ -271,12 +272,17 @@ async fn insert_children(
         }
     }
     if !tokens.is_empty() {
+        // The rows by token, then by primary key: a plan that cannot walk the parent's claims
+        // (a generic plan on fresh statistics chose `job_id`, every item of the batch, for
+        // each chunk: ~10 ms per chunk of 100 at 5,000 items, under the parent's lock).
         sqlx::query(
             "UPDATE dockhand_item_claims c
              SET job_id = m.child,
                  expires_at = $2 + COALESCE(c.ttl_ms, m.ttl) * INTERVAL '1 millisecond'
              FROM UNNEST($1::text[], $3::int8[], $4::int8[]) AS m(token, child, ttl)
-             WHERE c.token = m.token AND c.job_id = $5 AND c.status = 'claimed'",
+             WHERE c.id = ANY(ARRAY(SELECT d.id FROM dockhand_item_claims d
+                                    WHERE d.token = ANY($1::text[])))
+               AND c.token = m.token AND c.job_id = $5 AND c.status = 'claimed'",
         )
         .bind(&tokens)
         .bind(ts(now))

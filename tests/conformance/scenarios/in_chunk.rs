@@ -182,3 +182,36 @@ pub async fn a_child_result_the_chunk_could_not_write_is_reaped_and_rerun(db: Te
     );
     assert_clean(&rt).await;
 }
+
+/// Children that reach their finish at different times (one sleeps well past the chunk's
+/// finish wait) are all finished: the ones waiting are written without the slow one, which
+/// is written when it arrives.
+pub async fn children_in_chunk_ending_apart_are_all_finished(db: TestDb) {
+    let p = Pipeline::new("batch")
+        .step("split", move |ctx| super::batches::split_items(ctx, 6))
+        .step("child", move |ctx| async move {
+            if ctx.input()["i"].as_i64() == Some(0) {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Ok(StepOutput::one(json!({})))
+        })
+        .chunk_size(10)
+        .children_in_chunk(6);
+    let rt = runtime(&db, db.store.clone(), p).await;
+    let parent = rt.jobs().start("batch", json!({})).await.unwrap();
+    rt.run_due_once().await.unwrap(); // split
+    rt.run_due_once().await.unwrap(); // the chunk and its children
+    let kids = children(&rt, parent).await;
+    assert_eq!(kids.len(), 6);
+    assert!(
+        kids.iter().all(|k| k.status == JobStatus::Completed),
+        "every child finished in its chunk run: {:?}",
+        kids.iter().map(|k| k.status).collect::<Vec<_>>()
+    );
+    rt.drain(100).await.unwrap();
+    assert_eq!(
+        rt.jobs().get(parent).await.unwrap().status,
+        JobStatus::Completed
+    );
+    assert_clean(&rt).await;
+}
