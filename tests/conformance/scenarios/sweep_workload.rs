@@ -3,7 +3,10 @@
 //! a failed fan-out step retried by hand), and the sweep ledger its side effects go to.
 //!
 //! - `sweep`: a step claims [`ITEMS`] items and fans them out as a batch in chunks of [`CHUNK`];
-//!   each child completes its item's claim.
+//!   each child completes its item's claim. Its children run in their chunk
+//!   (`children_in_chunk`): created leased, started, run and finished by the chunk's run; the
+//!   child of item 0 fails its first attempt there, so its retry is written back by the chunk
+//!   and run by a runner.
 //! - `solo`: a two-step job holding one claim (a step advance; success completes the claim).
 //! - `doomed`: claims one item, then fails every attempt until its retries run out
 //!   (`failed/retry_exhausted`, the claim released).
@@ -173,8 +176,16 @@ async fn slow_child(ctx: dockhand::StepContext) -> dockhand::jobs::pipeline::Ste
 fn pipeline() -> Pipeline {
     Pipeline::new("sweep")
         .step("split", |ctx| split(ctx, "item", ITEMS))
-        .step("child", |_ctx| async { Ok(StepOutput::one(json!({}))) })
+        .step("child", |ctx| async move {
+            // Item 0 fails its first attempt in its chunk: the chunk writes its retry back
+            // (`finish_many`) and a runner runs attempt 2.
+            if ctx.input()["i"].as_i64() == Some(0) {
+                return slow_child(ctx).await;
+            }
+            Ok(StepOutput::one(json!({})))
+        })
         .chunk_size(CHUNK)
+        .children_in_chunk(2)
 }
 
 fn solo() -> Pipeline {
