@@ -44,8 +44,9 @@ const FINISH_WAIT: Duration = Duration::from_millis(2);
 
 /// The bridge finishes of a chunk's children
 /// ([`crate::handler::RunControl::with_finish_queue`]): a child's run queues its request
-/// here and waits; the chunk writes the queued ones with one [`bridge::finish_runs`] once
-/// every child still running is waiting (or [`FINISH_WAIT`] after the first arrived).
+/// here and waits; the chunk writes the queued ones with one [`bridge::finish_runs`] once as
+/// many wait as may run at once, or every child left does (or [`FINISH_WAIT`] after the
+/// first arrived).
 #[derive(Default)]
 pub(crate) struct FinishQueue {
     waiting: Mutex<Vec<(FinishRequest, oneshot::Sender<Result<RunFinished>>)>>,
@@ -98,7 +99,8 @@ impl Engine {
     ) {
         let starts = self.start_children(&children).await;
         let queue = Arc::new(FinishQueue::default());
-        let slots = Arc::new(tokio::sync::Semaphore::new(max_concurrent.max(1)));
+        let bound = max_concurrent.max(1);
+        let slots = Arc::new(tokio::sync::Semaphore::new(bound));
         let mut runs = JoinSet::new();
         let mut by_task = HashMap::with_capacity(children.len());
         for (c, start) in children.into_iter().zip(starts) {
@@ -152,7 +154,9 @@ impl Engine {
                 first_waiting = None;
             } else {
                 let since = *first_waiting.get_or_insert_with(tokio::time::Instant::now);
-                if waiting >= by_task.len() || since.elapsed() >= FINISH_WAIT {
+                // As many wait as can run at once (one waiting keeps its slot, so the rest
+                // cannot start before this write), or every child left.
+                if waiting >= bound.min(by_task.len()) || since.elapsed() >= FINISH_WAIT {
                     self.write_queued_finishes(&queue).await;
                     first_waiting = None;
                     continue;
