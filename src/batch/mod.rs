@@ -234,6 +234,46 @@ pub struct RunBy {
     pub lease_until: DateTime<Utc>,
 }
 
+/// The run that leases the step actions of the children `create` names (spec positions): the
+/// first one's [`ChildSpec::run_by`] (a chunk's children share one).
+pub(crate) fn run_by_of<'a, T>(specs: &'a [ChildSpec], create: &[(usize, T)]) -> Option<&'a RunBy> {
+    create
+        .first()
+        .and_then(|(at, _)| specs[*at].run_by.as_ref())
+}
+
+/// The tail of a backend's `create_children` once it has leased the new step actions
+/// (`leased`, by unique key): each created child (`create`'s spec positions, `ids` its child id
+/// by row index) whose step action was leased becomes [`ChildOutcome::Leased`]. True when one
+/// of `actions` is due at `now` and was not leased (runners should be woken).
+pub(crate) fn apply_leases<T>(
+    specs: &[ChildSpec],
+    create: &[(usize, T)],
+    ids: &std::collections::HashMap<i32, i64>,
+    leased: &std::collections::HashMap<String, crate::store::Lease>,
+    outcomes: &mut [Option<ChildOutcome>],
+    actions: &[PreparedAction],
+    now: DateTime<Utc>,
+) -> bool {
+    for (at, _) in create {
+        let c = &specs[*at];
+        let Some(&child) = ids.get(&c.idx) else {
+            continue;
+        };
+        let key = crate::jobs::step_action_key(child, c.step_index);
+        if let Some(&step_action) = leased.get(&key) {
+            outcomes[*at] = Some(ChildOutcome::Leased { child, step_action });
+        }
+    }
+    actions.iter().any(|a| {
+        a.scheduled_at <= now
+            && !a
+                .unique_key
+                .as_ref()
+                .is_some_and(|k| leased.contains_key(k))
+    })
+}
+
 /// What `create_child` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChildOutcome {

@@ -558,6 +558,7 @@ impl Engine {
             if events.is_empty() {
                 return Ok(delivered);
             }
+            let before = delivered;
             if !self.hooks.any() {
                 // Nothing to run: the page is marked delivered with one write.
                 let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
@@ -565,6 +566,12 @@ impl Engine {
                     .store
                     .mark_events_delivered(&ids, self.clock.now())
                     .await? as usize;
+                if delivered == before {
+                    // Every event of the page was marked by someone else since it was read
+                    // (or the read saw an older snapshot): the next sweep reads again,
+                    // rather than this one re-reading the same page without end.
+                    return Ok(delivered);
+                }
                 continue;
             }
             for event in events {
@@ -586,6 +593,9 @@ impl Engine {
                 {
                     delivered += 1;
                 }
+            }
+            if delivered == before {
+                return Ok(delivered);
             }
         }
     }

@@ -151,10 +151,15 @@ impl StepAction {
             scheduled_at: crate::clock::to_millis(now),
             max_attempts: self.max_attempts,
             timeout_ms: None,
-            unique_key: Some(format!("j:{job}:{step}")),
+            unique_key: Some(step_action_key(job, step)),
             schedule_id: None,
         }
     }
+}
+
+/// The unique key of the action that runs step `step` of job `job` ([`StepAction::action`]).
+pub(crate) fn step_action_key(job: i64, step: i32) -> String {
+    format!("j:{job}:{step}")
 }
 
 /// A job to create.

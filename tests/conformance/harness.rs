@@ -365,37 +365,108 @@ impl TestDb {
     }
 }
 
-/// Expands each named scenario (an `async fn(TestDb)` in `scenarios`) into a test per backend.
+/// How long one scenario may run before the watchdog fails it with the store's state
+/// (`DOCKHAND_TEST_SCENARIO_LIMIT_SECS` overrides it for every scenario). Most scenarios take
+/// a few seconds alone and under a minute beside the whole suite on two cores; the fault
+/// sweep walks ~650 fault points and takes minutes. A scenario past its limit is stuck, and
+/// failing it names it and shows where its actions stand instead of leaving CI hanging.
+fn scenario_limit(name: &str) -> Duration {
+    /// Scenarios that take minutes by design, and their limits in seconds.
+    const LONG: &[(&str, u64)] = &[("sweep_fault_points", 1200)];
+    let default = LONG
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(300, |(_, secs)| *secs);
+    let secs = std::env::var("DOCKHAND_TEST_SCENARIO_LIMIT_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    Duration::from_secs(secs)
+}
+
+/// Runs one scenario on `kind` (skipped when the backend is not configured) on a task of its
+/// own, so a scenario that stops yielding cannot keep the watchdog from firing.
+pub async fn run<F, Fut>(kind: Kind, name: &'static str, scenario: F)
+where
+    F: FnOnce(TestDb) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let Some(db) = TestDb::new(kind).await else {
+        return;
+    };
+    let limit = scenario_limit(name);
+    let mut task = tokio::spawn(scenario(db.clone()));
+    match tokio::time::timeout(limit, &mut task).await {
+        Ok(Ok(())) => db.cleanup().await,
+        Ok(Err(e)) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => panic!("{name}: the scenario's task ended without finishing: {e}"),
+        },
+        Err(_) => {
+            task.abort();
+            let state = stuck_state(&db).await;
+            panic!(
+                "{name} ({kind:?}): still running after {limit:?}; unfinished actions:\n{state}"
+            );
+        }
+    }
+}
+
+/// The unfinished actions of a stuck scenario's store, one per line (at most 50).
+async fn stuck_state(db: &TestDb) -> String {
+    let q = dockhand::ActionQuery {
+        statuses: vec![
+            dockhand::ActionStatus::Pending,
+            dockhand::ActionStatus::Running,
+        ],
+        limit: 50,
+        ..Default::default()
+    };
+    let read = tokio::time::timeout(Duration::from_secs(10), db.store.query(&q)).await;
+    match read {
+        Ok(Ok(actions)) => actions
+            .iter()
+            .map(|a| {
+                format!(
+                    "  #{} {} {:?} attempt {} token {} owner {:?} until {:?} at {} args {}",
+                    a.id,
+                    a.hook,
+                    a.status,
+                    a.attempt,
+                    a.lease_token,
+                    a.lease_owner,
+                    a.lease_until,
+                    a.scheduled_at,
+                    a.args
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Ok(Err(e)) => format!("  (the store could not be read: {e})"),
+        Err(_) => "  (the store did not answer within 10 s)".into(),
+    }
+}
+
+/// Expands each named scenario (an `async fn(TestDb)` in `scenarios`) into a test per backend,
+/// each run through [`run`].
 #[macro_export]
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
-        mod sqlite {
+        $crate::conformance!(@backend sqlite, Sqlite, $($name),*);
+        $crate::conformance!(@backend postgres, Postgres, $($name),*);
+        $crate::conformance!(@backend mysql, Mysql, $($name),*);
+    };
+    (@backend $module:ident, $kind:ident, $($name:ident),*) => {
+        mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    let Some(db) = $crate::harness::TestDb::new($crate::harness::Kind::Sqlite).await else { return };
-                    $crate::scenarios::$name(db.clone()).await;
-                    db.cleanup().await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let Some(db) = $crate::harness::TestDb::new($crate::harness::Kind::Postgres).await else { return };
-                    $crate::scenarios::$name(db.clone()).await;
-                    db.cleanup().await;
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let Some(db) = $crate::harness::TestDb::new($crate::harness::Kind::Mysql).await else { return };
-                    $crate::scenarios::$name(db.clone()).await;
-                    db.cleanup().await;
+                    $crate::harness::run(
+                        $crate::harness::Kind::$kind,
+                        stringify!($name),
+                        $crate::scenarios::$name,
+                    )
+                    .await;
                 }
             )*
         }

@@ -318,28 +318,15 @@ async fn insert_children(
             c.step.action(ids[&c.idx], c.step_index, now)
         })
         .collect();
-    let run_by = create
-        .first()
-        .and_then(|(at, _)| specs[*at].run_by.as_ref());
+    let run_by = crate::batch::run_by_of(specs, create);
     enqueue_fresh(&mut *conn, &actions, now, Some(channel)).await?;
     let leased = match run_by {
         Some(by) => lease_steps(&mut *conn, &actions, by, now).await?,
         None => HashMap::new(),
     };
-    for (at, _) in create {
-        let c = &specs[*at];
-        let child = ids[&c.idx];
-        if let Some(&step_action) = leased.get(&format!("j:{child}:{}", c.step_index)) {
-            outcomes[*at] = Some(ChildOutcome::Leased { child, step_action });
-        }
-    }
-    Ok(actions.iter().any(|a| {
-        a.scheduled_at <= now
-            && !a
-                .unique_key
-                .as_ref()
-                .is_some_and(|k| leased.contains_key(k))
-    }))
+    Ok(crate::batch::apply_leases(
+        specs, create, &ids, &leased, outcomes, &actions, now,
+    ))
 }
 
 /// Leases the just-enqueued step actions to `by` as a claim would (running, token + 1,

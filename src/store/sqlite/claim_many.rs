@@ -160,26 +160,15 @@ async fn upsert_part(
 /// job, completion, expires, (unused), ttl, run step, run action, run token]` (binds: 1 the
 /// array, 2 now, 3 whether a processed row is taken again). SQLite applies an upsert row by
 /// row, so each row meets the rule alone.
-const CLAIM_ALL: &str = "INSERT INTO dockhand_item_claims
+const CLAIM_ALL: &str = concat!(
+    "INSERT INTO dockhand_item_claims
     (identity_hash, scope, source_type, item_id, status, token, job_id, completion,
      claimed_at, expires_at, ttl_ms, run_step, run_action, run_token)
  SELECT r.value ->> 0, r.value ->> 1, r.value ->> 2, r.value ->> 3, 'claimed', r.value ->> 4,
         r.value ->> 5, r.value ->> 6, ?2, r.value ->> 7, r.value ->> 9, r.value ->> 10,
         r.value ->> 11, r.value ->> 12
  FROM json_each(?1) r WHERE true
- ON CONFLICT (identity_hash) DO UPDATE SET
-    status = 'claimed',
-    token = CASE WHEN status = 'claimed' AND job_id = excluded.job_id THEN token
-                 ELSE excluded.token END,
-    job_id = excluded.job_id,
-    completion = excluded.completion, claimed_at = excluded.claimed_at,
-    expires_at = excluded.expires_at, processed_at = NULL, ttl_ms = excluded.ttl_ms,
-    run_step = excluded.run_step, run_action = excluded.run_action,
-    run_token = excluded.run_token
- WHERE scope = excluded.scope AND source_type = excluded.source_type
-   AND item_id = excluded.item_id
-   AND (status = 'deferred'
-        OR (status = 'claimed' AND expires_at <= ?2)
-        OR (status = 'claimed' AND job_id = excluded.job_id)
-        OR (status = 'processed' AND ?3))
- RETURNING identity_hash, token";
+",
+    super::claims::claim_take_over!("?2", "?3"),
+    " RETURNING identity_hash, token"
+);

@@ -32,11 +32,15 @@ pub(super) const CLAIM_COLUMNS: &str =
 /// The parts guard, binding scope, source type and item id after the hash.
 const MATCHES: &str = "identity_hash = ? AND scope = ? AND source_type = ? AND item_id = ?";
 
-const CLAIM: &str = "INSERT INTO dockhand_item_claims
-    (identity_hash, scope, source_type, item_id, status, token, job_id, completion,
-     claimed_at, expires_at, ttl_ms, run_step, run_action, run_token)
- VALUES (?1, ?2, ?3, ?4, 'claimed', ?5, ?6, ?7, ?8, ?9, ?11, ?12, ?13, ?14)
- ON CONFLICT (identity_hash) DO UPDATE SET
+/// The take-over rule of an item claim (C2) as the `ON CONFLICT` clause of an insert into
+/// `dockhand_item_claims`, for `CLAIM` and `claim_many`'s set form: a row is taken when it is
+/// deferred, expired at `$now`, already this job's (its token kept), or processed and
+/// `$reprocess` holds; the parts must match the hash. `$now` and `$reprocess` are the
+/// placeholders each statement binds them to.
+macro_rules! claim_take_over {
+    ($now:literal, $reprocess:literal) => {
+        concat!(
+            " ON CONFLICT (identity_hash) DO UPDATE SET
     status = 'claimed',
     token = CASE WHEN status = 'claimed' AND job_id = excluded.job_id THEN token
                  ELSE excluded.token END,
@@ -48,10 +52,27 @@ const CLAIM: &str = "INSERT INTO dockhand_item_claims
  WHERE scope = excluded.scope AND source_type = excluded.source_type
    AND item_id = excluded.item_id
    AND (status = 'deferred'
-        OR (status = 'claimed' AND expires_at <= ?8)
+        OR (status = 'claimed' AND expires_at <= ",
+            $now,
+            ")
         OR (status = 'claimed' AND job_id = excluded.job_id)
-        OR (status = 'processed' AND ?10))
- RETURNING token";
+        OR (status = 'processed' AND ",
+            $reprocess,
+            "))"
+        )
+    };
+}
+pub(super) use claim_take_over;
+
+const CLAIM: &str = concat!(
+    "INSERT INTO dockhand_item_claims
+    (identity_hash, scope, source_type, item_id, status, token, job_id, completion,
+     claimed_at, expires_at, ttl_ms, run_step, run_action, run_token)
+ VALUES (?1, ?2, ?3, ?4, 'claimed', ?5, ?6, ?7, ?8, ?9, ?11, ?12, ?13, ?14)
+",
+    claim_take_over!("?8", "?10"),
+    " RETURNING token"
+);
 
 /// Encodes a completion config for the `completion` column.
 pub(super) fn config_json(config: &CompletionConfig) -> Result<String> {

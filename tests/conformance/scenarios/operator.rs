@@ -195,7 +195,7 @@ pub async fn ops_keyset_lists_every_row_once_in_each_order(db: TestDb) {
 }
 
 /// A search and the predicate, in Rust, of the rows it should list.
-type Check = (ActionSearch, Box<dyn Fn(&Action) -> bool>);
+type Check = (ActionSearch, Box<dyn Fn(&Action) -> bool + Send>);
 
 pub async fn ops_filters_and_capped_counts(db: TestDb) {
     let actions = seed(&db).await;
