@@ -93,14 +93,25 @@ pub(super) async fn discard_row(
     Ok(())
 }
 
-/// Pushes `CAST(? AS BINARY), …` for `tokens` (exact token matches).
-pub(super) fn push_tokens(qb: &mut QueryBuilder<'_, MySql>, tokens: &[&String]) {
+/// Pushes `token IN (?, …) AND CAST(token AS BINARY) IN (CAST(? AS BINARY), …)` for
+/// `tokens`: the first list lets the planner walk the token index (a parent may hold every
+/// claim of its batch, and `FOR UPDATE` locks what it walks: walking the parent's claims made
+/// each chunk's hand-over wait for the previous chunk's children finishing theirs); the second
+/// keeps the match exact (`=` on a binary collation ignores trailing spaces).
+pub(super) fn push_token_in<T: AsRef<str>>(qb: &mut QueryBuilder<'_, MySql>, tokens: &[T]) {
+    qb.push("token IN (");
+    let mut sep = qb.separated(", ");
+    for t in tokens {
+        sep.push_bind(t.as_ref().to_string());
+    }
+    qb.push(") AND CAST(token AS BINARY) IN (");
     let mut sep = qb.separated(", ");
     for t in tokens {
         sep.push("CAST(")
-            .push_bind_unseparated(t.to_string())
+            .push_bind_unseparated(t.as_ref().to_string())
             .push_unseparated(" AS BINARY)");
     }
+    qb.push(")");
 }
 
 /// Enqueues `action` on the open transaction; true when it is due now.
@@ -442,10 +453,9 @@ async fn create_child_in(
     for chunk in tokens.chunks(TOKENS_PER_STATEMENT) {
         let mut qb: QueryBuilder<MySql> =
             QueryBuilder::new("SELECT token FROM dockhand_item_claims WHERE job_id = ");
-        qb.push_bind(parent)
-            .push(" AND status = 'claimed' AND CAST(token AS BINARY) IN (");
-        push_tokens(&mut qb, chunk);
-        qb.push(") FOR UPDATE");
+        qb.push_bind(parent).push(" AND status = 'claimed' AND ");
+        push_token_in(&mut qb, chunk);
+        qb.push(" FOR UPDATE");
         held += qb
             .build()
             .fetch_all(&mut *conn)
@@ -505,9 +515,9 @@ async fn create_child_in(
             .push(")")
             .push(" WHERE job_id = ")
             .push_bind(parent)
-            .push(" AND status = 'claimed' AND CAST(token AS BINARY) IN (");
-        push_tokens(&mut qb, chunk);
-        qb.push(")");
+            .push(" AND status = 'claimed' AND ");
+        push_token_in(&mut qb, chunk);
+        qb.push("");
         qb.build()
             .execute(&mut *conn)
             .await

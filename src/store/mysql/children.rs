@@ -5,11 +5,11 @@
 //! stopped or a claim was lost, or create), then writes the new children with multi-row
 //! statements: the jobs (`INSERT … SELECT` joining the specs to their worklist rows; ids read
 //! back by child index, MySQL 8 has no `RETURNING`), the claim hand-over (an `UPDATE … JOIN`
-//! of the tokens), the rows marked completed, the parent's `children_total` once, and the step
+//! by the primary keys of the claims locked by token), the rows marked completed, the parent's `children_total` once, and the step
 //! actions (one multi-row insert; a fresh child's unique key is free). Any error rolls the
 //! whole chunk back; the caller then goes row by row. A deadlock re-runs the transaction.
 
-use super::batch::{chunk_fence, discard_row, push_tokens, refusal};
+use super::batch::{chunk_fence, discard_row, push_token_in, refusal};
 use super::claim::push_list;
 use super::connect::retry_deadlocks;
 use super::fence::{lock_parent, TOKENS_PER_STATEMENT};
@@ -140,25 +140,28 @@ async fn create_in_tx(
     all_tokens.dedup();
     // The claims still the parent's, locked: no takeover slips in before the hand-over. A
     // token handed to an earlier row of this call is no longer the parent's for a later one.
+    // The hand-over below updates them by primary key (`claim_ids`).
     let mut held: HashSet<String> = HashSet::new();
+    let mut claim_ids: HashMap<String, i64> = HashMap::new();
     for part in all_tokens.chunks(TOKENS_PER_STATEMENT) {
         let mut qb: QueryBuilder<MySql> =
-            QueryBuilder::new("SELECT token FROM dockhand_item_claims WHERE job_id = ");
-        qb.push_bind(parent)
-            .push(" AND status = 'claimed' AND CAST(token AS BINARY) IN (");
-        push_tokens(&mut qb, part);
-        qb.push(") ORDER BY token FOR UPDATE");
+            QueryBuilder::new("SELECT id, token FROM dockhand_item_claims WHERE job_id = ");
+        qb.push_bind(parent).push(" AND status = 'claimed' AND ");
+        push_token_in(&mut qb, part);
+        qb.push(" ORDER BY token FOR UPDATE");
         for r in qb
             .build()
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(op))?
         {
-            held.insert(text(&r, "token")?);
+            let token = text(&r, "token")?;
+            claim_ids.insert(token.clone(), r.try_get("id").map_err(Error::db(op))?);
+            held.insert(token);
         }
     }
     let mut outcomes: Vec<Option<ChildOutcome>> = vec![None; specs.len()];
-    let mut create: Vec<(usize, Vec<&String>)> = Vec::new();
+    let mut create: Vec<(usize, Vec<i64>)> = Vec::new();
     for (at, c) in specs.iter().enumerate() {
         let idx = c.idx;
         if let Some(&child) = existing.get(&idx) {
@@ -212,7 +215,17 @@ async fn create_in_tx(
             outcomes[at] = Some(ChildOutcome::Discarded(cause));
             continue;
         }
-        create.push((at, tokens));
+        // Every token of a row that gets its child was held, so locked above with its id.
+        let mut claims = Vec::with_capacity(tokens.len());
+        for t in &tokens {
+            let Some(&claim) = claim_ids.get(t.as_str()) else {
+                return Err(Error::Config(format!(
+                    "job {parent}: a claim token of row {idx} is not among the locked claims"
+                )));
+            };
+            claims.push(claim);
+        }
+        create.push((at, claims));
     }
     let mut due = false;
     if !create.is_empty() {
@@ -225,14 +238,15 @@ async fn create_in_tx(
     Ok((outcomes, due))
 }
 
-/// Inserts the children of `create` (spec position, its claim tokens) with their hand-overs,
+/// Inserts the children of `create` (spec position, the ids of the claims it takes over) with
+/// their hand-overs,
 /// rows, counter and step actions; fills their outcomes. True when a step action is due.
 async fn insert_children(
     conn: &mut MySqlConnection,
     parent: i64,
     specs: &[ChildSpec],
     refs: &[String],
-    create: &[(usize, Vec<&String>)],
+    create: &[(usize, Vec<i64>)],
     outcomes: &mut [Option<ChildOutcome>],
     now: DateTime<Utc>,
 ) -> Result<bool> {
@@ -283,32 +297,31 @@ async fn insert_children(
             create.len()
         )));
     }
-    let mut handover: Vec<(&String, i64, i64)> = Vec::new();
-    for (at, tokens) in create {
+    let mut handover: Vec<(i64, i64, i64)> = Vec::new();
+    for (at, claims) in create {
         let c = &specs[*at];
         let child = ids[&c.idx];
         outcomes[*at] = Some(ChildOutcome::Created(child));
-        for t in tokens {
-            handover.push((t, child, c.claim_ttl.num_milliseconds()));
+        for &claim in claims {
+            handover.push((claim, child, c.claim_ttl.num_milliseconds()));
         }
     }
     for part in handover.chunks(ROWS_PER_STATEMENT) {
         let mut qb: QueryBuilder<MySql> = QueryBuilder::new("UPDATE dockhand_item_claims c JOIN (");
-        for (n, (token, child, ttl)) in part.iter().enumerate() {
+        for (n, (claim, child, ttl)) in part.iter().enumerate() {
             qb.push(if n == 0 {
                 "SELECT "
             } else {
                 " UNION ALL SELECT "
             })
-            .push("CAST(")
-            .push_bind(token.as_str())
-            .push(" AS BINARY) AS token, ")
+            .push_bind(*claim)
+            .push(" AS id, ")
             .push_bind(*child)
             .push(" AS child, ")
             .push_bind(*ttl)
             .push(" AS ttl");
         }
-        qb.push(") m ON CAST(c.token AS BINARY) = m.token SET c.job_id = m.child, c.expires_at = ")
+        qb.push(") m ON c.id = m.id SET c.job_id = m.child, c.expires_at = ")
             .push_bind(ms(now))
             .push(" + COALESCE(c.ttl_ms, m.ttl) WHERE c.job_id = ")
             .push_bind(parent)
@@ -381,7 +394,10 @@ async fn insert_children(
 
 /// Leases the just-inserted step actions to `by` as a claim would (running, token + 1,
 /// attempt + 1, a `started` log row), except those in a paused or limited group, which stay
-/// pending for the runners; the leases by unique key.
+/// pending for the runners; the leases by unique key. The rows were inserted by this
+/// transaction, which holds them already: the read takes no locks (a locking read also
+/// locked what it read of the pause and limit tables, and concurrent chunks waited on each
+/// other there, ~50 ms per chunk on MariaDB).
 async fn lease_steps(
     conn: &mut MySqlConnection,
     actions: &[crate::action::PreparedAction],
@@ -406,8 +422,7 @@ async fn lease_steps(
         qb.push(
             ") AND (group_name IS NULL OR group_name NOT IN (
                    SELECT group_name FROM dockhand_group_pauses
-                   UNION ALL SELECT group_name FROM dockhand_group_limits))
-             FOR UPDATE",
+                   UNION ALL SELECT group_name FROM dockhand_group_limits))",
         );
         for r in qb
             .build()

@@ -165,15 +165,8 @@ async fn delete_claims(
     for chunk in tokens.chunks(TOKENS_PER_STATEMENT) {
         let mut qb: QueryBuilder<MySql> =
             QueryBuilder::new("DELETE FROM dockhand_item_claims WHERE job_id = ");
-        qb.push_bind(parent)
-            .push(" AND status = 'claimed' AND CAST(token AS BINARY) IN (");
-        let mut sep = qb.separated(", ");
-        for t in chunk {
-            sep.push("CAST(")
-                .push_bind_unseparated(t)
-                .push_unseparated(" AS BINARY)");
-        }
-        qb.push(")");
+        qb.push_bind(parent).push(" AND status = 'claimed' AND ");
+        super::batch::push_token_in(&mut qb, chunk);
         qb.build()
             .execute(&mut *conn)
             .await
