@@ -459,12 +459,12 @@ impl Engine {
     ) -> HandlerResult {
         let st = self
             .store
-            .batch_state(parent)
+            .worklist_pending(parent)
             .await
             .map_err(retry)?
             .ok_or_else(|| HandlerError::fatal(format!("job {parent} is not a batch parent")))?;
         let next = offset + i64::from(chunk);
-        if st.ready > 0 {
+        if st.ready {
             crate::failpoint::crash("batch.before_chunk");
             if let Err(e) = self.schedule_chunk(parent, next, priority).await {
                 tracing::warn!(parent, offset = next, error = %e, "next chunk could not be scheduled");
@@ -472,7 +472,7 @@ impl Engine {
             }
             return Ok(());
         }
-        if st.leased > 0 {
+        if st.leased {
             // Another chunk action holds rows. It settles them and fences if it lives; if it
             // died, its rows come free when it is re-delivered or their lease ends. Either
             // way this action stays as the wake-up that re-checks (B-rules: a durable

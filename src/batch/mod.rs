@@ -364,6 +364,16 @@ impl BatchAbort {
     }
 }
 
+/// Whether a batch parent's worklist still has rows ready or leased
+/// ([`crate::Store::worklist_pending`]): two index probes, however long the worklist.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorklistPending {
+    /// A row waits for a chunk.
+    pub ready: bool,
+    /// A chunk run holds a row.
+    pub leased: bool,
+}
+
 /// A batch parent's fields and worklist counts, read from the database.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct BatchState {

@@ -511,6 +511,16 @@ macro_rules! delegate_store {
             async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {
                 $around!(self, "batch_state", self.inner.batch_state(parent))
             }
+            async fn worklist_pending(
+                &self,
+                parent: i64,
+            ) -> Result<Option<$crate::batch::WorklistPending>> {
+                $around!(
+                    self,
+                    "worklist_pending",
+                    self.inner.worklist_pending(parent)
+                )
+            }
             async fn create_rerun_job(
                 &self,
                 job: &NewJob,

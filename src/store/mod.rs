@@ -9,7 +9,7 @@
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
     BatchAbort, BatchState, ChildOutcome, ChildSpec, FailedChild, FanOutOutcome, FenceOutcome,
-    JobLiveness, RowSettle, Violation, WorkItem, WorkRow,
+    JobLiveness, RowSettle, Violation, WorkItem, WorkRow, WorklistPending,
 };
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
@@ -635,6 +635,12 @@ pub trait Store: Send + Sync + 'static {
     /// The parent's batch fields and worklist counts; `None` when the job does not exist or is
     /// not a batch parent.
     async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>>;
+
+    /// Whether the parent's worklist still has a ready row and a leased row, without
+    /// [`Store::batch_state`]'s counts of every row (what a chunk run reads to decide what
+    /// follows it; counting made each chunk O(items)). `None` when the job does not exist or is
+    /// not a batch parent.
+    async fn worklist_pending(&self, parent: i64) -> Result<Option<WorklistPending>>;
 
     /// Deletes the worklist of a parent (B8); an error while the parent is not final.
     async fn cleanup_worklist(&self, parent: i64) -> Result<u64>;

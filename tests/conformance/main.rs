@@ -128,6 +128,7 @@ conformance!(
     s_b14_aborted_fan_out_finishes_after_a_bridge_fault,
     regression_cancel_whose_parent_finish_fails_still_finishes,
     regression_no_child_after_a_stop_or_from_a_stale_chunk_run,
+    worklist_pending_follows_the_rows,
     regression_no_child_for_a_claim_taken_over,
     regression_operator_retry_of_a_fanned_out_step_resumes_the_batch,
     regression_a_fanned_out_step_failing_for_good_does_not_fail_the_batch,

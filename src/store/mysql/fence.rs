@@ -16,7 +16,7 @@ use super::jobs::{job_from_row, opt_text, text, JOB_COLUMNS};
 use super::MySqlStore;
 use crate::batch::{
     decode_sidecar_text, finalize_action, outcome, sidecar_text_is_malformed, BatchAbort,
-    BatchState, FailedChild, FenceOutcome,
+    BatchState, FailedChild, FenceOutcome, WorklistPending,
 };
 use crate::error::{Error, Result};
 use crate::state::JobStatus;
@@ -415,6 +415,29 @@ pub(super) async fn batch_state(store: &MySqlStore, parent: i64) -> Result<Optio
         .await
         .map_err(Error::db("batch_state"))?;
     read_state(&mut conn, parent).await
+}
+
+/// See [`crate::Store::worklist_pending`].
+pub(super) async fn worklist_pending(
+    store: &MySqlStore,
+    parent: i64,
+) -> Result<Option<WorklistPending>> {
+    // EXISTS is an integer here (sqlx's `bool` wants a TINYINT(1) column).
+    let row: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT CAST(EXISTS (SELECT 1 FROM dockhand_worklist
+                             WHERE parent_id = j.id AND state = 'ready') AS SIGNED),
+                CAST(EXISTS (SELECT 1 FROM dockhand_worklist
+                             WHERE parent_id = j.id AND state = 'leased') AS SIGNED)
+         FROM dockhand_jobs j WHERE j.id = ? AND j.batch_state IS NOT NULL",
+    )
+    .bind(parent)
+    .fetch_optional(store.pool())
+    .await
+    .map_err(Error::db("worklist_pending"))?;
+    Ok(row.map(|(ready, leased)| WorklistPending {
+        ready: ready != 0,
+        leased: leased != 0,
+    }))
 }
 
 pub(super) async fn cleanup_worklist(store: &MySqlStore, parent: i64) -> Result<u64> {

@@ -14,6 +14,7 @@ mod end;
 
 pub(super) use end::{
     abort_batch, batch_state, cleanup_worklist, failed_children, fence_batch, settle_work,
+    worklist_pending,
 };
 
 use super::enqueue::{batch_group, enqueue_one};

@@ -56,7 +56,7 @@ use super::{
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
     BatchAbort, BatchState, ChildOutcome, ChildSpec, FailedChild, FanOutOutcome, FenceOutcome,
-    JobLiveness, RowSettle, Violation, WorkItem, WorkRow,
+    JobLiveness, RowSettle, Violation, WorkItem, WorkRow, WorklistPending,
 };
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
@@ -552,6 +552,10 @@ impl Store for PgStore {
 
     async fn batch_state(&self, parent: i64) -> Result<Option<BatchState>> {
         batch::batch_state(self, parent).await
+    }
+
+    async fn worklist_pending(&self, parent: i64) -> Result<Option<WorklistPending>> {
+        batch::worklist_pending(self, parent).await
     }
 
     async fn create_rerun_job(

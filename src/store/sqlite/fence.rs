@@ -9,7 +9,7 @@ use super::jobs::{job_from_row, JOB_COLUMNS};
 use super::SqliteStore;
 use crate::batch::{
     decode_sidecar_text, finalize_action, outcome, sidecar_text_is_malformed, BatchAbort,
-    BatchState, FailedChild, FenceOutcome,
+    BatchState, FailedChild, FenceOutcome, WorklistPending,
 };
 use crate::error::{Error, Result};
 use crate::state::JobStatus;
@@ -292,6 +292,25 @@ pub(super) async fn batch_state(store: &SqliteStore, parent: i64) -> Result<Opti
     let st = read_state(&mut tx, parent).await?;
     tx.commit().await.map_err(Error::db("batch_state"))?;
     Ok(st)
+}
+
+/// See [`crate::Store::worklist_pending`].
+pub(super) async fn worklist_pending(
+    store: &SqliteStore,
+    parent: i64,
+) -> Result<Option<WorklistPending>> {
+    let row: Option<(bool, bool)> = sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM dockhand_worklist
+                        WHERE parent_id = j.id AND state = 'ready'),
+                EXISTS (SELECT 1 FROM dockhand_worklist
+                        WHERE parent_id = j.id AND state = 'leased')
+         FROM dockhand_jobs j WHERE j.id = ?1 AND j.batch_state IS NOT NULL",
+    )
+    .bind(parent)
+    .fetch_optional(&store.reader)
+    .await
+    .map_err(Error::db("worklist_pending"))?;
+    Ok(row.map(|(ready, leased)| WorklistPending { ready, leased }))
 }
 
 pub(super) async fn cleanup_worklist(store: &SqliteStore, parent: i64) -> Result<u64> {

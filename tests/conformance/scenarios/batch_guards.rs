@@ -6,7 +6,7 @@
 use super::batch_regressions::{claim_as_worker, drain_rounds};
 use super::batches::{actions, assert_clean, batch_pipeline, children, item, ok_child, runtime};
 use crate::harness::{Kind, TestDb};
-use dockhand::batch::{ChildOutcome, ChildSpec, DiscardCause, CHUNK_HOOK};
+use dockhand::batch::{ChildOutcome, ChildSpec, DiscardCause, WorklistPending, CHUNK_HOOK};
 use dockhand::claims::ClaimStatus;
 use dockhand::jobs::{StepAction, STEP_HOOK};
 use dockhand::store::faulty::{FaultMode, FaultyStore};
@@ -324,4 +324,49 @@ pub async fn regression_malformed_sidecar_releases_by_job(db: TestDb) {
         JobStatus::Completed
     );
     assert_clean(&rt).await;
+}
+
+/// `Store::worklist_pending` (what a chunk run reads to decide what follows it) follows the
+/// rows: nothing before the fan-out (`None`: not yet a batch parent), ready rows after it,
+/// ready and leased while a chunk run holds some, only leased once it holds all (a run's
+/// lease takes its own rows again, so the second call asks for all six); a missing job is
+/// `None`. (A batch run to the end has neither: `in_chunk.rs`' first scenario.)
+pub async fn worklist_pending_follows_the_rows(db: TestDb) {
+    let pending = |ready, leased| Some(WorklistPending { ready, leased });
+    let rt = runtime(&db, db.store.clone(), batch_pipeline(6, 3, ok_child)).await;
+    let parent = rt.jobs().start("batch", json!({})).await.unwrap();
+    assert_eq!(db.store.worklist_pending(parent).await.unwrap(), None);
+    rt.run_due_once().await.unwrap(); // split
+    let st = &db.store;
+    assert_eq!(
+        st.worklist_pending(parent).await.unwrap(),
+        pending(true, false)
+    );
+    let run = claim_as_worker(&db, CHUNK_HOOK, chrono::Duration::seconds(30)).await;
+    let now = db.clock.now();
+    let until = now + chrono::Duration::minutes(5);
+    assert_eq!(
+        st.lease_work(parent, 3, run, until, now)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    assert_eq!(
+        st.worklist_pending(parent).await.unwrap(),
+        pending(true, true)
+    );
+    assert_eq!(
+        st.lease_work(parent, 6, run, until, now)
+            .await
+            .unwrap()
+            .len(),
+        6
+    );
+    assert_eq!(
+        st.worklist_pending(parent).await.unwrap(),
+        pending(false, true)
+    );
+
+    assert_eq!(st.worklist_pending(i64::MAX).await.unwrap(), None);
 }

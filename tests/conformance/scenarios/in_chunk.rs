@@ -7,7 +7,7 @@
 
 use super::batches::{actions, assert_clean, batch_pipeline, children, item, ok_child, runtime};
 use crate::harness::TestDb;
-use dockhand::batch::CHUNK_HOOK;
+use dockhand::batch::{WorklistPending, CHUNK_HOOK};
 use dockhand::claims::ClaimStatus;
 use dockhand::jobs::STEP_HOOK;
 use dockhand::store::faulty::{FaultMode, FaultyStore};
@@ -79,6 +79,11 @@ pub async fn children_in_chunk_run_on_the_chunk_and_the_batch_completes(db: Test
         let c = rt.jobs().claim_state(&item(i)).await.unwrap().unwrap();
         assert_eq!(c.status, ClaimStatus::Processed, "item {i}");
     }
+    assert_eq!(
+        db.store.worklist_pending(parent).await.unwrap(),
+        Some(WorklistPending::default()),
+        "nothing ready or leased once the batch is done"
+    );
     assert_clean(&rt).await;
 }
 

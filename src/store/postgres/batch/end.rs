@@ -12,7 +12,7 @@ use super::{
 };
 use crate::batch::{
     decode_sidecar, finalize_action, outcome, sidecar_is_malformed, BatchAbort, BatchState,
-    FailedChild, FenceOutcome, RowSettle,
+    FailedChild, FenceOutcome, RowSettle, WorklistPending,
 };
 use crate::error::{Error, Result};
 use crate::state::JobStatus;
@@ -238,6 +238,26 @@ pub(in crate::store::postgres) async fn batch_state(
     parent: i64,
 ) -> Result<Option<BatchState>> {
     read_state(&store.pool, parent).await
+}
+
+/// Whether the parent's worklist has a ready and a leased row; see
+/// [`crate::Store::worklist_pending`].
+pub(in crate::store::postgres) async fn worklist_pending(
+    store: &PgStore,
+    parent: i64,
+) -> Result<Option<WorklistPending>> {
+    let row: Option<(bool, bool)> = sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM dockhand_worklist
+                        WHERE parent_id = j.id AND state = 'ready'),
+                EXISTS (SELECT 1 FROM dockhand_worklist
+                        WHERE parent_id = j.id AND state = 'leased')
+         FROM dockhand_jobs j WHERE j.id = $1 AND j.batch_state IS NOT NULL",
+    )
+    .bind(parent)
+    .fetch_optional(&store.pool)
+    .await
+    .map_err(Error::db("worklist_pending"))?;
+    Ok(row.map(|(ready, leased)| WorklistPending { ready, leased }))
 }
 
 /// The parent's batch fields and worklist counts; `None` when missing or not a batch parent.
