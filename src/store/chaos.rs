@@ -79,8 +79,11 @@ impl ChaosDb {
             let opts = SqliteConnectOptions::from_str(url)
                 .map_err(|e| Error::invalid("database_url", e.to_string()))?
                 .busy_timeout(Duration::from_secs(60));
+            // No reaper task (sqlx#3645, see `store::pool`).
             let pool = SqlitePoolOptions::new()
                 .max_connections(max)
+                .idle_timeout(None)
+                .max_lifetime(None)
                 .connect_with(opts)
                 .await
                 .map_err(db("connect"))?;

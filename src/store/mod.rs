@@ -43,6 +43,7 @@ mod finish_group;
 pub(crate) mod group_commit;
 pub mod mysql;
 pub mod operator;
+pub(crate) mod pool;
 pub mod postgres;
 mod reach;
 mod redact;
@@ -814,12 +815,6 @@ pub trait Store: Send + Sync + 'static {
     /// Closes the connection pool.
     async fn close(&self);
 }
-
-/// PostgreSQL and MySQL pools ping a pooled connection before handing it out only when it
-/// sat idle at least this long: sqlx's default pings on every acquire, a full round trip per
-/// store call on a busy pool (and the hot path's calls are one statement each). A connection
-/// that broke while busy fails its next statement instead, which callers treat as transient.
-pub(crate) const IDLE_PING_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A shared, dynamically chosen store.
 pub type DynStore = Arc<dyn Store>;

@@ -29,7 +29,28 @@ pub struct TestDb {
     url: String,
     /// The PostgreSQL schema or the MySQL database of this test.
     schema: Option<String>,
+    /// The pool raw SQL runs on ([`TestDb::exec_all`], [`TestDb::count_all`]), opened on first
+    /// use and kept for the test: the fault sweep resets its tables before each of ~650
+    /// points.
+    raw: Arc<tokio::sync::OnceCell<RawPool>>,
     _dir: Option<Arc<tempfile::TempDir>>,
+}
+
+/// A test's pool for raw SQL. Like every pool here, without sqlx's reaper task (no idle
+/// timeout, no lifetime): it can spin for good (sqlx#3645, see `dockhand::store`'s pool notes).
+#[derive(Clone)]
+enum RawPool {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+    Mysql(sqlx::MySqlPool),
+}
+
+/// Pool options without the reaper task, for the pools the harness opens itself.
+fn quiet<DB: sqlx::Database>() -> sqlx::pool::PoolOptions<DB> {
+    sqlx::pool::PoolOptions::new()
+        .max_connections(2)
+        .idle_timeout(None)
+        .max_lifetime(None)
 }
 
 /// 2026-03-27 12:00 UTC: two days before the Paris spring DST change.
@@ -97,6 +118,7 @@ impl TestDb {
                     clock,
                     url,
                     schema: None,
+                    raw: Default::default(),
                     _dir: Some(Arc::new(dir)),
                 })
             }
@@ -115,6 +137,7 @@ impl TestDb {
                     clock,
                     url,
                     schema: Some(schema),
+                    raw: Default::default(),
                     _dir: None,
                 })
             }
@@ -132,6 +155,7 @@ impl TestDb {
                     clock,
                     url,
                     schema: Some(name),
+                    raw: Default::default(),
                     _dir: None,
                 })
             }
@@ -214,95 +238,72 @@ impl TestDb {
         self.exec_all(&[sql]).await;
     }
 
-    /// Runs raw SQL statements, in order, over one connection pool.
+    /// The test's raw-SQL pool, opened on first use.
+    async fn raw(&self) -> RawPool {
+        self.raw
+            .get_or_init(|| async {
+                match self.kind {
+                    Kind::Sqlite => {
+                        use std::str::FromStr;
+                        let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url)
+                            .expect("sqlite url");
+                        RawPool::Sqlite(quiet().connect_with(opts).await.expect("open sqlite"))
+                    }
+                    Kind::Postgres => {
+                        use std::str::FromStr;
+                        let schema = self.schema.clone().unwrap_or_else(|| "public".into());
+                        let opts = sqlx::postgres::PgConnectOptions::from_str(&self.url)
+                            .expect("pg url")
+                            .options([("search_path", schema.as_str())]);
+                        RawPool::Postgres(quiet().connect_with(opts).await.expect("open pg"))
+                    }
+                    Kind::Mysql => {
+                        let name = self.schema.clone().unwrap_or_else(|| "test".into());
+                        let opts =
+                            MySqlStore::url_for_database(&self.url, &name).expect("mysql url");
+                        RawPool::Mysql(quiet().connect_with(opts).await.expect("open mysql"))
+                    }
+                }
+            })
+            .await
+            .clone()
+    }
+
+    /// Runs raw SQL statements, in order, on the test's raw-SQL pool.
     pub async fn exec_all(&self, sqls: &[&str]) {
-        match self.kind {
-            Kind::Sqlite => {
-                let pool = sqlx::SqlitePool::connect(&self.url)
-                    .await
-                    .expect("open sqlite");
+        macro_rules! run {
+            ($pool:expr) => {
                 for sql in sqls {
-                    sqlx::query(sql).execute(&pool).await.expect("exec sql");
+                    sqlx::query(sql).execute(&$pool).await.expect("exec sql");
                 }
-                pool.close().await;
-            }
-            Kind::Postgres => {
-                use std::str::FromStr;
-                let schema = self.schema.clone().unwrap_or_else(|| "public".into());
-                let opts = sqlx::postgres::PgConnectOptions::from_str(&self.url)
-                    .expect("pg url")
-                    .options([("search_path", schema.as_str())]);
-                let pool = sqlx::PgPool::connect_with(opts).await.expect("open pg");
-                for sql in sqls {
-                    sqlx::query(sql).execute(&pool).await.expect("exec sql");
-                }
-                pool.close().await;
-            }
-            Kind::Mysql => {
-                let name = self.schema.clone().unwrap_or_else(|| "test".into());
-                let opts = MySqlStore::url_for_database(&self.url, &name).expect("mysql url");
-                let pool = sqlx::MySqlPool::connect_with(opts)
-                    .await
-                    .expect("open mysql");
-                for sql in sqls {
-                    sqlx::query(sql).execute(&pool).await.expect("exec sql");
-                }
-                pool.close().await;
-            }
+            };
+        }
+        match self.raw().await {
+            RawPool::Sqlite(p) => run!(p),
+            RawPool::Postgres(p) => run!(p),
+            RawPool::Mysql(p) => run!(p),
         }
     }
 
-    /// Runs queries returning one integer each (a `COUNT(*)`), over one connection pool.
+    /// Runs queries returning one integer each (a `COUNT(*)`) on the test's raw-SQL pool.
     pub async fn count_all(&self, sqls: &[&str]) -> Vec<i64> {
         let mut out = Vec::new();
-        match self.kind {
-            Kind::Sqlite => {
-                let pool = sqlx::SqlitePool::connect(&self.url)
-                    .await
-                    .expect("open sqlite");
+        macro_rules! run {
+            ($pool:expr) => {
                 for sql in sqls {
                     out.push(
                         sqlx::query_scalar(sql)
-                            .fetch_one(&pool)
+                            .fetch_one(&$pool)
                             .await
                             .expect("count"),
                     );
                 }
-                pool.close().await;
-            }
-            Kind::Postgres => {
-                use std::str::FromStr;
-                let schema = self.schema.clone().unwrap_or_else(|| "public".into());
-                let opts = sqlx::postgres::PgConnectOptions::from_str(&self.url)
-                    .expect("pg url")
-                    .options([("search_path", schema.as_str())]);
-                let pool = sqlx::PgPool::connect_with(opts).await.expect("open pg");
-                for sql in sqls {
-                    out.push(
-                        sqlx::query_scalar(sql)
-                            .fetch_one(&pool)
-                            .await
-                            .expect("count"),
-                    );
-                }
-                pool.close().await;
-            }
-            Kind::Mysql => {
-                let name = self.schema.clone().unwrap_or_else(|| "test".into());
-                let opts = MySqlStore::url_for_database(&self.url, &name).expect("mysql url");
-                let pool = sqlx::MySqlPool::connect_with(opts)
-                    .await
-                    .expect("open mysql");
-                for sql in sqls {
-                    out.push(
-                        sqlx::query_scalar(sql)
-                            .fetch_one(&pool)
-                            .await
-                            .expect("count"),
-                    );
-                }
-                pool.close().await;
-            }
+            };
+        }
+        match self.raw().await {
+            RawPool::Sqlite(p) => run!(p),
+            RawPool::Postgres(p) => run!(p),
+            RawPool::Mysql(p) => run!(p),
         }
         out
     }
@@ -321,38 +322,25 @@ impl TestDb {
             "SELECT {started} AS s, {finished} AS f FROM dockhand_actions WHERE group_name = '{group}'"
         );
         macro_rules! rows {
-            ($pool:expr) => {{
-                let pool = $pool;
-                let rows: Vec<(Option<i64>, Option<i64>)> =
-                    sqlx::query_as(&sql).fetch_all(&pool).await.expect("times");
-                pool.close().await;
-                rows
-            }};
+            ($pool:expr) => {
+                sqlx::query_as(&sql).fetch_all(&$pool).await.expect("times")
+            };
         }
-        match self.kind {
-            Kind::Sqlite => rows!(sqlx::SqlitePool::connect(&self.url)
-                .await
-                .expect("open sqlite")),
-            Kind::Postgres => {
-                use std::str::FromStr;
-                let schema = self.schema.clone().unwrap_or_else(|| "public".into());
-                let opts = sqlx::postgres::PgConnectOptions::from_str(&self.url)
-                    .expect("pg url")
-                    .options([("search_path", schema.as_str())]);
-                rows!(sqlx::PgPool::connect_with(opts).await.expect("open pg"))
-            }
-            Kind::Mysql => {
-                let name = self.schema.clone().unwrap_or_else(|| "test".into());
-                let opts = MySqlStore::url_for_database(&self.url, &name).expect("mysql url");
-                rows!(sqlx::MySqlPool::connect_with(opts)
-                    .await
-                    .expect("open mysql"))
-            }
+        match self.raw().await {
+            RawPool::Sqlite(p) => rows!(p),
+            RawPool::Postgres(p) => rows!(p),
+            RawPool::Mysql(p) => rows!(p),
         }
     }
 
     pub async fn cleanup(self) {
         self.store.close().await;
+        match self.raw.get() {
+            Some(RawPool::Sqlite(p)) => p.close().await,
+            Some(RawPool::Postgres(p)) => p.close().await,
+            Some(RawPool::Mysql(p)) => p.close().await,
+            None => {}
+        }
         match (self.kind, &self.schema) {
             (Kind::Postgres, Some(schema)) => {
                 let _ = PgStore::drop_schema(&self.url, schema).await;
@@ -395,6 +383,22 @@ where
         return;
     };
     let limit = scenario_limit(name);
+    // A second watchdog on a thread of its own: when the runtime itself is wedged (a worker
+    // spinning in a task that never yields, the one driving the timers, as sqlx#3645 did),
+    // the timeout below never fires; this one ends the test binary with the scenario's name.
+    let (alive, finished) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let grace = limit + Duration::from_secs(60);
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(grace) {
+            let _ = writeln!(
+                std::io::stderr(),
+                "{name} ({kind:?}): its runtime did not answer {grace:?} after the start; \
+                 ending the test binary"
+            );
+            std::process::exit(1);
+        }
+    });
+    let _alive = alive;
     let mut task = tokio::spawn(scenario(db.clone()));
     match tokio::time::timeout(limit, &mut task).await {
         Ok(Ok(())) => db.cleanup().await,

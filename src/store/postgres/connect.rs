@@ -32,15 +32,13 @@ impl PgStore {
     pub async fn connect_with(options: PgConnectOptions, max_connections: u32) -> Result<Self> {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
-            // A liveness ping only for a connection idle a while (see `IDLE_PING_AFTER`).
+            // No reaper task (sqlx#3645); a stale connection is replaced, one idle a while
+            // pinged, when it is next taken (see `store::pool`).
+            .idle_timeout(None)
+            .max_lifetime(None)
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= crate::store::IDLE_PING_AFTER {
-                        conn.ping().await?;
-                    }
-                    Ok(true)
-                })
+                Box::pin(async move { crate::store::pool::check_before_acquire(conn, &meta).await })
             })
             .connect_with(options.clone())
             .await

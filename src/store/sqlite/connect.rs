@@ -71,8 +71,12 @@ impl SqliteStore {
         let writer = Writer::open(&write_opts).await.map_err(opened)?;
         // Migrations and callers' own transactions (`pool`, `enqueue_in`); they share the
         // file's write lock with `writer` through SQLite's busy timeout.
+        // No reaper task (sqlx#3645, see `store::pool`): a local file's connections neither
+        // go stale nor need recycling.
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
             .test_before_acquire(false)
             .connect_with(write_opts)
             .await
@@ -80,6 +84,8 @@ impl SqliteStore {
         check_pragmas(&pool).await?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
+            .idle_timeout(None)
+            .max_lifetime(None)
             .test_before_acquire(false)
             .connect_with(opts)
             .await

@@ -86,6 +86,17 @@ impl CompletionHandler for WriteThenFail {
     }
 }
 
+/// sqlx#3645 (see `store::pool`): a pool with an idle timeout or a lifetime runs a reaper task
+/// that can spin for good; the file database's pools run none.
+#[tokio::test]
+async fn pools_run_no_reaper_task() {
+    let (store, _dir) = fresh().await;
+    for (name, pool) in [("pool", &store.pool), ("reader", &store.reader)] {
+        assert_eq!(pool.options().get_idle_timeout(), None, "{name}");
+        assert_eq!(pool.options().get_max_lifetime(), None, "{name}");
+    }
+}
+
 #[tokio::test]
 async fn claim_contention_takeover_and_stale_token() {
     let (store, _dir) = fresh().await;
