@@ -69,27 +69,24 @@ mod tests {
     /// its test URL is set.
     #[tokio::test]
     async fn server_pools_run_no_reaper_task() {
-        match std::env::var("DOCKHAND_TEST_POSTGRES_URL") {
-            Ok(url) if !url.is_empty() => {
-                let store = crate::store::postgres::PgStore::connect(&url)
-                    .await
-                    .unwrap();
-                let o = store.pool().options();
-                assert_eq!((o.get_idle_timeout(), o.get_max_lifetime()), (None, None));
-                crate::store::Store::close(&store).await;
-            }
-            _ => println!("SKIPPED postgres pool check: set DOCKHAND_TEST_POSTGRES_URL to run it"),
+        /// Opens `$store` on the URL in `$env` (or prints a skip line) and checks its pool.
+        macro_rules! check {
+            ($env:literal, $store:ty) => {
+                match std::env::var($env) {
+                    Ok(url) if !url.is_empty() => {
+                        let store = <$store>::connect(&url).await.expect($env);
+                        let o = store.pool().options();
+                        assert_eq!((o.get_idle_timeout(), o.get_max_lifetime()), (None, None));
+                        crate::store::Store::close(&store).await;
+                    }
+                    _ => println!("SKIPPED pool check: set {} to run it", $env),
+                }
+            };
         }
-        match std::env::var("DOCKHAND_TEST_MYSQL_URL") {
-            Ok(url) if !url.is_empty() => {
-                let store = crate::store::mysql::MySqlStore::connect(&url)
-                    .await
-                    .unwrap();
-                let o = store.pool().options();
-                assert_eq!((o.get_idle_timeout(), o.get_max_lifetime()), (None, None));
-                crate::store::Store::close(&store).await;
-            }
-            _ => println!("SKIPPED mysql pool check: set DOCKHAND_TEST_MYSQL_URL to run it"),
-        }
+        check!(
+            "DOCKHAND_TEST_POSTGRES_URL",
+            crate::store::postgres::PgStore
+        );
+        check!("DOCKHAND_TEST_MYSQL_URL", crate::store::mysql::MySqlStore);
     }
 }
