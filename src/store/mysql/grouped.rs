@@ -3,50 +3,28 @@
 //! concurrently running children of one parent cost one transaction (and one wait on the
 //! parent's row lock) where they cost c. The group's job rows are locked first, in id order,
 //! so concurrent groups cannot deadlock on each other. Starts are set-based (one read of the
-//! jobs, one of their parents, one UPDATE); each finish is the single path's own code
-//! ([`super::bridge::finish_in_tx`]), and a group's parents get their counters bumped once
-//! each, in id order, with the summed deltas ([`super::fence::child_finished`]). A deadlock
+//! jobs, one of their parents, one UPDATE); finishes too ([`super::finish_set`]: about eight
+//! statements for the group), and a group's parents get their counters bumped once each, in
+//! id order, with the summed deltas ([`super::fence::child_finished`]). A deadlock
 //! re-runs the whole group ([`retry_deadlocks`]).
 
-use super::bridge::finish_in_tx;
 use super::claim::push_list;
-use super::claim_upkeep::release_in_tx;
 use super::connect::retry_deadlocks;
 use super::fence::child_finished;
-use super::finish::finish_on;
+use super::finish_set::finish_set;
 use super::jobs::{job_from_row, opt_text, text, JOB_COLUMNS};
 use super::ms;
 use super::MySqlStore;
-use crate::claims::ClaimRun;
 use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
 use crate::jobs::Job;
 use crate::jobs::{FinishRequest, GroupFinished, StepStart};
 use crate::state::{JobStatus, ParentView};
-use crate::store::finish_group::{check_final, job_order, GroupOutcomes, RollBack};
-use crate::store::{Finish, FinishResult, Lease};
+use crate::store::finish_group::{check_final, RollBack, SetFinished};
+use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
 use std::collections::HashMap;
-
-/// Locks the rows of `ids` (jobs) in id order.
-async fn lock_jobs(
-    conn: &mut MySqlConnection,
-    ids: impl Iterator<Item = i64>,
-    op: &'static str,
-) -> Result<()> {
-    let mut ids: Vec<i64> = ids.collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let mut qb = QueryBuilder::<MySql>::new("SELECT id FROM dockhand_jobs WHERE id IN (");
-    push_list(&mut qb, &ids);
-    qb.push(") ORDER BY id FOR UPDATE");
-    qb.build()
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(Error::db(op))?;
-    Ok(())
-}
 
 /// See [`crate::Store::start_steps`].
 pub(super) async fn start_steps(
@@ -178,7 +156,7 @@ async fn starts_in_tx(
 
 /// Whether `lease` is still a running action's, on the open transaction (its row share-locked
 /// until commit, so the reaper cannot take it meanwhile).
-async fn lease_live(conn: &mut MySqlConnection, lease: Lease) -> Result<bool> {
+pub(super) async fn lease_live(conn: &mut MySqlConnection, lease: Lease) -> Result<bool> {
     let row: Option<(i64,)> = sqlx::query_as(
         "SELECT CAST(1 AS SIGNED) FROM dockhand_actions
          WHERE id = ? AND status = 'running' AND lease_token = ? LOCK IN SHARE MODE",
@@ -189,23 +167,6 @@ async fn lease_live(conn: &mut MySqlConnection, lease: Lease) -> Result<bool> {
     .await
     .map_err(Error::db("finish_jobs (lease)"))?;
     Ok(row.is_some())
-}
-
-/// Whether a request's step run still holds `lease`, on the open transaction; with
-/// `complete` (the request's [`FinishRequest::complete_run`]) the action is completed under it
-/// there and then, owner-guarded as the runner's acknowledgement would be
-/// ([`super::finish::finish_on`]; a lost lease leaves its `lease_lost` log row).
-async fn run_holds(
-    conn: &mut MySqlConnection,
-    lease: Lease,
-    complete: bool,
-    now: DateTime<Utc>,
-) -> Result<bool> {
-    if complete {
-        let done = finish_on(&mut *conn, lease, &Finish::Complete, now).await?;
-        return Ok(matches!(done, FinishResult::Applied));
-    }
-    lease_live(conn, lease).await
 }
 
 /// See [`crate::Store::finish_jobs`].
@@ -236,37 +197,13 @@ async fn finish_once(
 ) -> Result<(GroupFinished, bool)> {
     let op = "finish_jobs";
     let mut tx = store.begin(op).await?;
-    lock_jobs(&mut tx, reqs.iter().map(|r| r.job_id), op).await?;
-    let mut group = GroupOutcomes::new(reqs.len());
-    for i in job_order(reqs.iter().map(|r| r.job_id)) {
-        let r = &reqs[i];
-        if let Some(lease) = r.lease {
-            if !run_holds(&mut tx, lease, r.complete_run, now).await? {
-                group.lease_lost(i, lease);
-                continue;
-            }
-            if let Some(s) = &r.superseded {
-                let run = ClaimRun {
-                    step: s.step,
-                    lease,
-                };
-                release_in_tx(&mut tx, r.job_id, run, &s.keep, op).await?;
-            }
-        }
-        let done = finish_in_tx(
-            &mut tx,
-            r.job_id,
-            r.status,
-            r.reason.as_deref(),
-            completions,
-            now,
-        )
-        .await;
-        if let Some(RollBack { job_id, error }) = group.record(i, r, done)? {
+    let group = match finish_set(&mut tx, reqs, completions, now).await? {
+        SetFinished::Written(group) => group,
+        SetFinished::RollBack(RollBack { job_id, error }) => {
             tx.rollback().await.map_err(Error::db(op))?;
             return Ok((GroupFinished::RolledBack { job_id, error }, false));
         }
-    }
+    };
     let mut due = false;
     for (parent, deltas) in group.parents() {
         due |= child_finished(&mut tx, parent, deltas, now).await?;

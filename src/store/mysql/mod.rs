@@ -34,6 +34,7 @@ mod enqueue;
 mod events;
 mod fence;
 mod finish;
+mod finish_set;
 mod gauges;
 mod grouped;
 mod jobs;
