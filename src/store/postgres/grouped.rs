@@ -71,9 +71,9 @@ pub(super) async fn start_steps(
             let fanned_out: bool = row.try_get("fanned_out").map_err(Error::db(op))?;
             jobs.insert(job.id, (job, fanned_out));
         }
-        // The parents in share mode: an operator's stop (which locks a parent for update) and
-        // these starts are ordered, so a child either started before the stop committed or
-        // sees it.
+        // The parents in key share mode: an operator's stop (which locks a parent for update)
+        // and these starts are ordered, so a child either started before the stop committed or
+        // sees it; the counter updates of the parents' finishing children do not wait for it.
         let mut parent_ids: Vec<i64> = jobs.values().filter_map(|(j, _)| j.parent_id).collect();
         parent_ids.sort_unstable();
         parent_ids.dedup();
@@ -81,7 +81,7 @@ pub(super) async fn start_steps(
         if !parent_ids.is_empty() {
             let rows: Vec<(i64, String, Option<String>)> = sqlx::query_as(
                 "SELECT id, status, batch_outcome FROM dockhand_jobs
-                 WHERE id = ANY($1) ORDER BY id FOR SHARE",
+                 WHERE id = ANY($1) ORDER BY id FOR KEY SHARE",
             )
             .bind(&parent_ids)
             .fetch_all(&mut *tx)

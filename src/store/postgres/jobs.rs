@@ -282,11 +282,12 @@ pub(super) async fn start_in_tx(
     };
     let job = job_from_row(&row)?;
     let fanned_out: bool = row.try_get("fanned_out").map_err(Error::db(op))?;
-    // The parent in share mode: an operator's stop (which locks it for update) and this start
-    // are ordered, so a child either started before the stop committed or sees it.
+    // The parent in key share mode: an operator's stop (which locks it for update) and this
+    // start are ordered, so a child either started before the stop committed or sees it; the
+    // counter updates of its finishing children do not wait for it.
     let parent = match job.parent_id {
         Some(p) => sqlx::query_as::<_, (String, Option<String>)>(
-            "SELECT status, batch_outcome FROM dockhand_jobs WHERE id = $1 FOR SHARE",
+            "SELECT status, batch_outcome FROM dockhand_jobs WHERE id = $1 FOR KEY SHARE",
         )
         .bind(p)
         .fetch_optional(&mut *tx)

@@ -221,3 +221,68 @@ async fn abort_discards_ready_rows_and_cleanup_waits_for_final() {
     );
     cleanup(s, &url, &schema).await;
 }
+
+/// The parent lock `create_children` and the step starts hold (`FOR KEY SHARE`, so the
+/// children's counter updates do not queue behind the next chunk's creation): a child's
+/// finish and its counter update go through while it is held, and a stop, the fence and the
+/// parent's own finish wait for it (they lock `FOR UPDATE`), so no child is created or started
+/// after a stop committed.
+#[tokio::test]
+async fn parent_key_share_lets_counters_through_and_holds_stops() {
+    let Some((s, url, schema)) = fresh("key_share").await else {
+        return;
+    };
+    let now = t0();
+    let until = now + Duration::minutes(5);
+    let reg = CompletionRegistry::with_builtins();
+    let (a, items) = parent_with_items(&s, 2).await;
+    s.fan_out(a, &items, 10, 1, "c", now).await.unwrap();
+    s.lease_work(a, 10, running_lease(&s, "w", now).await, until, now)
+        .await
+        .unwrap();
+    let spec = child(a, 0, vec![items[0].sidecar[0].token.clone()]);
+    let ChildOutcome::Created(kid) = s
+        .create_child(&spec, running_lease(&s, "w", now).await, now)
+        .await
+        .unwrap()
+    else {
+        panic!("child not created");
+    };
+    let mut holder_tx = s.pool().begin().await.unwrap();
+    sqlx::query("SELECT status FROM dockhand_jobs WHERE id = $1 FOR KEY SHARE")
+        .bind(a)
+        .execute(&mut *holder_tx)
+        .await
+        .unwrap();
+    let wait = std::time::Duration::from_millis(500);
+    let finished = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        s.finish_job(kid, JobStatus::Completed, None, &reg, now),
+    )
+    .await
+    .expect("a child's finish waited for the parent's key share lock");
+    finished.unwrap();
+    let stop = BatchAbort::cancel();
+    assert!(
+        tokio::time::timeout(wait, s.abort_batch(a, stop.clone(), now))
+            .await
+            .is_err(),
+        "a stop went through while the parent was key-share locked"
+    );
+    assert!(
+        tokio::time::timeout(wait, s.fence_batch(a, now))
+            .await
+            .is_err(),
+        "the fence went through while the parent was key-share locked"
+    );
+    assert!(
+        tokio::time::timeout(wait, s.finish_job(a, JobStatus::Failed, None, &reg, now))
+            .await
+            .is_err(),
+        "the parent's finish went through while it was key-share locked"
+    );
+    holder_tx.rollback().await.unwrap();
+    let st = s.abort_batch(a, stop, now).await.unwrap();
+    assert_eq!((st.children_terminal, st.children_completed), (1, 1));
+    cleanup(s, &url, &schema).await;
+}
