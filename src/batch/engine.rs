@@ -217,7 +217,9 @@ impl Engine {
             let _ = self.store.cleanup_worklist(parent).await;
             return Ok(());
         }
-        let Some(st) = self.store.batch_state(parent).await.map_err(retry)? else {
+        // The parent row's batch fields only: the worklist's counts would make every chunk
+        // O(items); what follows the chunk is decided from `worklist_pending`'s probes.
+        let Some(st) = self.store.batch_head(parent).await.map_err(retry)? else {
             return Err(HandlerError::fatal(format!(
                 "job {parent} is not a batch parent"
             )));
@@ -272,12 +274,11 @@ impl Engine {
                     .await
                     .map_err(retry)?;
             }
-            let st = self
-                .store
-                .batch_state(parent)
-                .await
-                .map_err(retry)?
-                .unwrap_or(st);
+            let Some(st) = self.store.batch_state(parent).await.map_err(retry)? else {
+                return Err(HandlerError::fatal(format!(
+                    "job {parent} is not a batch parent"
+                )));
+            };
             if st.leased > 0 && st.active_children() == 0 {
                 // Another chunk run holds rows: stay as the wake-up until they come free.
                 return Err(HandlerError::snooze(LEASED_ROWS_RECHECK));
@@ -357,7 +358,7 @@ impl Engine {
         // chunks overlap on other slots; a child's terminal transaction enqueues finalize
         // when it finds the parent fenced and every child terminal.
         let after = self
-            .after_chunk(parent, offset, st.chunk_size, pipeline.priority)
+            .after_chunk(parent, offset, st.chunk_size, &pipeline)
             .await;
         if let Some((max_concurrent, facts)) = in_chunk {
             if !leased.is_empty() {
@@ -449,26 +450,36 @@ impl Engine {
             .map_err(retry)
     }
 
-    /// Schedules the next chunk, or sets the fence when nothing is outstanding.
+    /// Schedules the next chunk (of this chunk's lane: [`crate::Pipeline::chunk_lanes`]; the
+    /// first chunk also starts the other lanes), or sets the fence when nothing is outstanding.
     async fn after_chunk(
         &self,
         parent: i64,
         offset: i64,
         chunk: i32,
-        priority: i32,
+        pipeline: &crate::Pipeline,
     ) -> HandlerResult {
+        let priority = pipeline.priority;
+        let lanes = i64::from(pipeline.chunk_lanes.max(1));
         let st = self
             .store
             .worklist_pending(parent)
             .await
             .map_err(retry)?
             .ok_or_else(|| HandlerError::fatal(format!("job {parent} is not a batch parent")))?;
-        let next = offset + i64::from(chunk);
+        let next = offset + lanes * i64::from(chunk);
         if st.ready {
             crate::failpoint::crash("batch.before_chunk");
-            if let Err(e) = self.schedule_chunk(parent, next, priority).await {
-                tracing::warn!(parent, offset = next, error = %e, "next chunk could not be scheduled");
-                self.batch_schedule_failed(parent).await.map_err(retry)?;
+            // The first chunk starts the other lanes (each unique per offset: a re-delivery
+            // adopts the ones still pending or running).
+            let others = if offset == 0 { 1..lanes } else { 0..0 };
+            let offsets = others.map(|lane| lane * i64::from(chunk)).chain([next]);
+            for at in offsets {
+                if let Err(e) = self.schedule_chunk(parent, at, priority).await {
+                    tracing::warn!(parent, offset = at, error = %e, "next chunk could not be scheduled");
+                    self.batch_schedule_failed(parent).await.map_err(retry)?;
+                    return Ok(());
+                }
             }
             return Ok(());
         }

@@ -374,6 +374,19 @@ pub struct WorklistPending {
     pub leased: bool,
 }
 
+/// What a chunk run reads of its parent before it leases rows ([`crate::Store::batch_head`]):
+/// the parent row's batch fields alone, one primary-key read (no worklist counts).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchHead {
+    /// Why it stopped scheduling, if it did: [`outcome::SCHEDULE_FAILED`] or
+    /// [`outcome::STOPPED`].
+    pub outcome: Option<String>,
+    /// Rows per chunk.
+    pub chunk_size: i32,
+    /// The step children start at.
+    pub child_step: i32,
+}
+
 /// A batch parent's fields and worklist counts, read from the database.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct BatchState {

@@ -111,6 +111,7 @@ pub struct Pipeline {
     pub(crate) priority: i32,
     pub(crate) chunk_size: Option<i32>,
     pub(crate) children_in_chunk: Option<usize>,
+    pub(crate) chunk_lanes: u32,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -135,6 +136,7 @@ impl Pipeline {
             priority: crate::action::DEFAULT_PRIORITY,
             chunk_size: None,
             children_in_chunk: None,
+            chunk_lanes: 1,
         }
     }
 
@@ -216,6 +218,19 @@ impl Pipeline {
     /// in a paused or limited group are left to the runners. Off by default.
     pub fn children_in_chunk(mut self, max_concurrent: usize) -> Self {
         self.children_in_chunk = Some(max_concurrent.max(1));
+        self
+    }
+
+    /// Chunk actions of one fan-out that may run at once (default 1: each chunk schedules the
+    /// next when it has created its children). With `n` lanes the first chunk also schedules
+    /// chunks for lanes 2..=n while rows are still ready, and each lane then schedules its own
+    /// next chunk (offsets `n` chunks apart, each named and unique per parent and offset as
+    /// with one lane); chunk runs lease disjoint rows, and the fence is set by the run that
+    /// finds no row ready or leased. More lanes keep more of a batch's work in flight where one
+    /// chain of chunks waits on round trips; each lane holds a runner slot while it runs
+    /// (with [`Pipeline::children_in_chunk`], for its children's steps too).
+    pub fn chunk_lanes(mut self, n: u32) -> Self {
+        self.chunk_lanes = n.clamp(1, 64);
         self
     }
 

@@ -521,6 +521,9 @@ macro_rules! delegate_store {
                     self.inner.worklist_pending(parent)
                 )
             }
+            async fn batch_head(&self, parent: i64) -> Result<Option<$crate::batch::BatchHead>> {
+                $around!(self, "batch_head", self.inner.batch_head(parent))
+            }
             async fn create_rerun_job(
                 &self,
                 job: &NewJob,

@@ -8,8 +8,8 @@
 
 use crate::action::{Action, ActionFilter, ActionLog, ActionQuery, PreparedAction};
 use crate::batch::{
-    BatchAbort, BatchState, ChildOutcome, ChildSpec, FailedChild, FanOutOutcome, FenceOutcome,
-    JobLiveness, RowSettle, Violation, WorkItem, WorkRow, WorklistPending,
+    BatchAbort, BatchHead, BatchState, ChildOutcome, ChildSpec, FailedChild, FanOutOutcome,
+    FenceOutcome, JobLiveness, RowSettle, Violation, WorkItem, WorkRow, WorklistPending,
 };
 use crate::claims::ledger::TrackedItem;
 use crate::claims::{
@@ -642,6 +642,12 @@ pub trait Store: Send + Sync + 'static {
     /// follows it; counting made each chunk O(items)). `None` when the job does not exist or is
     /// not a batch parent.
     async fn worklist_pending(&self, parent: i64) -> Result<Option<WorklistPending>>;
+
+    /// The parent's batch fields a chunk run starts from (outcome, chunk size, child step),
+    /// without [`Store::batch_state`]'s counts of every worklist row (one read of the parent
+    /// row: reading `batch_state` at each chunk's start made every chunk O(items)). `None`
+    /// when the job does not exist or is not a batch parent.
+    async fn batch_head(&self, parent: i64) -> Result<Option<BatchHead>>;
 
     /// Deletes the worklist of a parent (B8); an error while the parent is not final.
     async fn cleanup_worklist(&self, parent: i64) -> Result<u64>;

@@ -129,6 +129,7 @@ conformance!(
     regression_cancel_whose_parent_finish_fails_still_finishes,
     regression_no_child_after_a_stop_or_from_a_stale_chunk_run,
     worklist_pending_follows_the_rows,
+    batch_head_follows_the_parents_batch_fields,
     regression_no_child_for_a_claim_taken_over,
     regression_operator_retry_of_a_fanned_out_step_resumes_the_batch,
     regression_a_fanned_out_step_failing_for_good_does_not_fail_the_batch,
@@ -141,6 +142,7 @@ conformance!(
     batch_hydration_failures_settle_only_their_rows_with_their_reason,
     // Children run by their chunk (issue 16, W4)
     children_in_chunk_run_on_the_chunk_and_the_batch_completes,
+    chunk_lanes_run_side_by_side_and_the_batch_completes,
     a_child_failing_in_its_chunk_is_retried_with_its_attempt_counted,
     a_fatal_child_in_its_chunk_fails_its_job_through_the_bridge,
     a_child_result_the_chunk_could_not_write_is_reaped_and_rerun,

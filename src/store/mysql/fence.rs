@@ -440,6 +440,34 @@ pub(super) async fn worklist_pending(
     }))
 }
 
+/// See [`crate::Store::batch_head`].
+pub(super) async fn batch_head(
+    store: &MySqlStore,
+    parent: i64,
+) -> Result<Option<crate::batch::BatchHead>> {
+    let row = sqlx::query(
+        "SELECT batch_outcome, chunk_size, child_step
+         FROM dockhand_jobs WHERE id = ? AND batch_state IS NOT NULL",
+    )
+    .bind(parent)
+    .fetch_optional(store.pool())
+    .await
+    .map_err(Error::db("batch_head"))?;
+    let Some(row) = row else { return Ok(None) };
+    let d = || Error::db("decode batch head");
+    Ok(Some(crate::batch::BatchHead {
+        outcome: opt_text(&row, "batch_outcome")?,
+        chunk_size: row
+            .try_get::<Option<i32>, _>("chunk_size")
+            .map_err(d())?
+            .unwrap_or(0),
+        child_step: row
+            .try_get::<Option<i32>, _>("child_step")
+            .map_err(d())?
+            .unwrap_or(0),
+    }))
+}
+
 pub(super) async fn cleanup_worklist(store: &MySqlStore, parent: i64) -> Result<u64> {
     let op = "cleanup_worklist";
     let status: Option<String> = {

@@ -13,8 +13,8 @@
 mod end;
 
 pub(super) use end::{
-    abort_batch, batch_state, cleanup_worklist, failed_children, fence_batch, settle_work,
-    worklist_pending,
+    abort_batch, batch_head, batch_state, cleanup_worklist, failed_children, fence_batch,
+    settle_work, worklist_pending,
 };
 
 use super::enqueue::{batch_group, enqueue_one};

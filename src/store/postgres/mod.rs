@@ -557,6 +557,9 @@ impl Store for PgStore {
     async fn worklist_pending(&self, parent: i64) -> Result<Option<WorklistPending>> {
         batch::worklist_pending(self, parent).await
     }
+    async fn batch_head(&self, parent: i64) -> Result<Option<crate::batch::BatchHead>> {
+        batch::batch_head(self, parent).await
+    }
 
     async fn create_rerun_job(
         &self,

@@ -313,6 +313,28 @@ pub(super) async fn worklist_pending(
     Ok(row.map(|(ready, leased)| WorklistPending { ready, leased }))
 }
 
+/// See [`crate::Store::batch_head`].
+pub(super) async fn batch_head(
+    store: &SqliteStore,
+    parent: i64,
+) -> Result<Option<crate::batch::BatchHead>> {
+    let row: Option<(Option<String>, Option<i32>, Option<i32>)> = sqlx::query_as(
+        "SELECT batch_outcome, chunk_size, child_step
+         FROM dockhand_jobs WHERE id = ? AND batch_state IS NOT NULL",
+    )
+    .bind(parent)
+    .fetch_optional(&store.reader)
+    .await
+    .map_err(Error::db("batch_head"))?;
+    Ok(row.map(
+        |(outcome, chunk_size, child_step)| crate::batch::BatchHead {
+            outcome,
+            chunk_size: chunk_size.unwrap_or(0),
+            child_step: child_step.unwrap_or(0),
+        },
+    ))
+}
+
 pub(super) async fn cleanup_worklist(store: &SqliteStore, parent: i64) -> Result<u64> {
     let op = "cleanup_worklist";
     let mut tx = store.begin_write(op).await?;

@@ -548,6 +548,9 @@ impl Store for SqliteStore {
     async fn worklist_pending(&self, parent: i64) -> Result<Option<WorklistPending>> {
         fence::worklist_pending(self, parent).await
     }
+    async fn batch_head(&self, parent: i64) -> Result<Option<crate::batch::BatchHead>> {
+        fence::batch_head(self, parent).await
+    }
 
     async fn create_rerun_job(
         &self,

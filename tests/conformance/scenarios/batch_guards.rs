@@ -6,7 +6,9 @@
 use super::batch_regressions::{claim_as_worker, drain_rounds};
 use super::batches::{actions, assert_clean, batch_pipeline, children, item, ok_child, runtime};
 use crate::harness::{Kind, TestDb};
-use dockhand::batch::{ChildOutcome, ChildSpec, DiscardCause, WorklistPending, CHUNK_HOOK};
+use dockhand::batch::{
+    BatchHead, ChildOutcome, ChildSpec, DiscardCause, WorklistPending, CHUNK_HOOK,
+};
 use dockhand::claims::ClaimStatus;
 use dockhand::jobs::{StepAction, STEP_HOOK};
 use dockhand::store::faulty::{FaultMode, FaultyStore};
@@ -369,4 +371,29 @@ pub async fn worklist_pending_follows_the_rows(db: TestDb) {
     );
 
     assert_eq!(st.worklist_pending(i64::MAX).await.unwrap(), None);
+}
+
+/// `Store::batch_head` (what a chunk run starts from) reads the parent row's batch fields as
+/// `batch_state` has them: `None` before the fan-out and for a missing job, the chunk size and
+/// child step after it, the stop's outcome once an operator stopped the batch.
+pub async fn batch_head_follows_the_parents_batch_fields(db: TestDb) {
+    let rt = runtime(&db, db.store.clone(), batch_pipeline(6, 3, ok_child)).await;
+    let parent = rt.jobs().start("batch", json!({})).await.unwrap();
+    let st = &db.store;
+    assert_eq!(st.batch_head(parent).await.unwrap(), None);
+    rt.run_due_once().await.unwrap(); // split
+    let same_as_state = |head: BatchHead, state: dockhand::batch::BatchState| {
+        assert_eq!(
+            (head.outcome, head.chunk_size, head.child_step),
+            (state.outcome, state.chunk_size, state.child_step)
+        );
+    };
+    let head = st.batch_head(parent).await.unwrap().unwrap();
+    assert_eq!((head.outcome.as_deref(), head.chunk_size), (None, 3));
+    same_as_state(head, st.batch_state(parent).await.unwrap().unwrap());
+    rt.jobs().cancel(parent).await.unwrap();
+    let head = st.batch_head(parent).await.unwrap().unwrap();
+    assert!(head.outcome.is_some(), "a stopped batch has its outcome");
+    same_as_state(head, st.batch_state(parent).await.unwrap().unwrap());
+    assert_eq!(st.batch_head(i64::MAX).await.unwrap(), None);
 }

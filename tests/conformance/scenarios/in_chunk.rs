@@ -220,3 +220,43 @@ pub async fn children_in_chunk_ending_apart_are_all_finished(db: TestDb) {
     );
     assert_clean(&rt).await;
 }
+
+/// `Pipeline::chunk_lanes(3)`: the first chunk starts lanes 2 and 3 (offsets one and two
+/// chunks on) besides its own next chunk (three chunks on), so three chunk actions wait at
+/// once; the lanes lease disjoint rows and the batch completes with every child created once,
+/// every claim processed and `check` clean (here with the children run in their chunks, as W4
+/// runs them on the server backends).
+pub async fn chunk_lanes_run_side_by_side_and_the_batch_completes(db: TestDb) {
+    let p = batch_pipeline(25, 5, ok_child)
+        .children_in_chunk(4)
+        .chunk_lanes(3);
+    let rt = runtime(&db, db.store.clone(), p).await;
+    let parent = rt.jobs().start("batch", json!({})).await.unwrap();
+    assert_eq!(rt.run_due_once().await.unwrap(), 1, "the split step");
+    assert_eq!(rt.run_due_once().await.unwrap(), 1, "the first chunk alone");
+    let mut waiting: Vec<i64> = actions(&rt, CHUNK_HOOK)
+        .await
+        .into_iter()
+        .filter(|a| a.status == ActionStatus::Pending)
+        .filter_map(|a| a.args.get("offset").and_then(|o| o.as_i64()))
+        .collect();
+    waiting.sort_unstable();
+    assert_eq!(
+        waiting,
+        vec![5, 10, 15],
+        "two more lanes and the first lane's next"
+    );
+    rt.drain(100).await.unwrap();
+    assert_eq!(
+        rt.jobs().get(parent).await.unwrap().status,
+        JobStatus::Completed
+    );
+    let kids = children(&rt, parent).await;
+    assert_eq!(kids.len(), 25, "one child per item");
+    assert!(kids.iter().all(|k| k.status == JobStatus::Completed));
+    for i in 0..25 {
+        let c = rt.jobs().claim_state(&item(i)).await.unwrap().unwrap();
+        assert_eq!(c.status, ClaimStatus::Processed, "item {i}");
+    }
+    assert_clean(&rt).await;
+}

@@ -260,6 +260,28 @@ pub(in crate::store::postgres) async fn worklist_pending(
     Ok(row.map(|(ready, leased)| WorklistPending { ready, leased }))
 }
 
+/// See [`crate::Store::batch_head`].
+pub(in crate::store::postgres) async fn batch_head(
+    store: &PgStore,
+    parent: i64,
+) -> Result<Option<crate::batch::BatchHead>> {
+    let row: Option<(Option<String>, Option<i32>, Option<i32>)> = sqlx::query_as(
+        "SELECT batch_outcome, chunk_size, child_step
+         FROM dockhand_jobs WHERE id = $1 AND batch_state IS NOT NULL",
+    )
+    .bind(parent)
+    .fetch_optional(&store.pool)
+    .await
+    .map_err(Error::db("batch_head"))?;
+    Ok(row.map(
+        |(outcome, chunk_size, child_step)| crate::batch::BatchHead {
+            outcome,
+            chunk_size: chunk_size.unwrap_or(0),
+            child_step: child_step.unwrap_or(0),
+        },
+    ))
+}
+
 /// The parent's batch fields and worklist counts; `None` when missing or not a batch parent.
 async fn read_state<'e, E: PgExecutor<'e>>(ex: E, parent: i64) -> Result<Option<BatchState>> {
     let row = sqlx::query(
