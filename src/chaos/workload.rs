@@ -32,8 +32,8 @@ pub const SLOW_HOOK: &str = "chaos.slow";
 pub const CLAIMS_PIPELINE: &str = "chaos-claims";
 /// The pipeline that claims `{prefix, n}` items and fans them out in chunks of [`CHUNK`].
 pub const BATCH_PIPELINE: &str = "chaos-batch";
-/// [`BATCH_PIPELINE`] with its children run by their chunk (`Pipeline::children_in_chunk`):
-/// the plan's odd-numbered batches.
+/// [`BATCH_PIPELINE`] with its children run by their chunk (`Pipeline::children_in_chunk`)
+/// and two chunk lanes (`Pipeline::chunk_lanes`): the plan's odd-numbered batches.
 pub const IN_CHUNK_PIPELINE: &str = "chaos-batch-in-chunk";
 
 /// The batch pipeline the plan's batch number `b` runs on.
@@ -98,7 +98,11 @@ pub fn register(b: RuntimeBuilder, store: DynStore, clock: Arc<dyn Clock>) -> Ru
         .handler(SLOW_HOOK, move |ctx| slow(ctx, s2.clone(), c2.clone()))
         .pipeline(claims_pipeline(s3.clone()))
         .pipeline(batch_pipeline(BATCH_PIPELINE, s3.clone()))
-        .pipeline(batch_pipeline(IN_CHUNK_PIPELINE, s3).children_in_chunk(4))
+        .pipeline(
+            batch_pipeline(IN_CHUNK_PIPELINE, s3)
+                .children_in_chunk(4)
+                .chunk_lanes(2),
+        )
 }
 
 fn arg_u64(args: &Value, name: &str) -> u64 {
