@@ -96,7 +96,10 @@ struct ClaimRow {
     row: MySqlRow,
 }
 
-/// The claimed claims of `jobs`, locked in id order, by job (oldest first).
+/// The claimed claims of `jobs`, locked in id order, by job (oldest first). By the
+/// `(job_id, status)` index, forced: with a list of jobs MariaDB chose a `status` index and
+/// walked (and waited to lock) every claimed row, the parent's too, which concurrent chunks
+/// hold while they hand them over (221 ms per group with four chunk lanes).
 async fn read_claims(
     tx: &mut MySqlConnection,
     jobs: &[i64],
@@ -108,7 +111,8 @@ async fn read_claims(
     let mut qb = QueryBuilder::<MySql>::new(
         "SELECT id, job_id, scope, source_type, item_id, token, completion,
                 run_step, run_action, run_token
-         FROM dockhand_item_claims WHERE status = 'claimed' AND job_id IN (",
+         FROM dockhand_item_claims FORCE INDEX (dockhand_item_claims_job)
+         WHERE status = 'claimed' AND job_id IN (",
     );
     push_list(&mut qb, jobs);
     qb.push(") ORDER BY id FOR UPDATE");
