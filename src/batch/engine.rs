@@ -382,11 +382,8 @@ impl Engine {
         if specs.is_empty() {
             return Ok(Vec::new());
         }
-        let outcomes = match self
-            .store
-            .create_children(specs, chunk, self.clock.now())
-            .await
-        {
+        let created_at = self.clock.now();
+        let outcomes = match self.store.create_children(specs, chunk, created_at).await {
             Ok(o) if o.len() == specs.len() => o.into_iter().map(Ok).collect(),
             Err(e @ Error::LeaseLost { .. }) => return Err(retry(e)),
             other => {
@@ -407,6 +404,20 @@ impl Engine {
                 Ok(ChildOutcome::Leased { child, step_action }) => {
                     leased.push(super::in_chunk::LeasedChild {
                         child,
+                        // Started by the creating transaction (`ChildOutcome::Leased`).
+                        job: crate::jobs::Job {
+                            id: child,
+                            pipeline: spec.pipeline.clone(),
+                            status: crate::JobStatus::Processing,
+                            reason: None,
+                            step_index: spec.step_index,
+                            input_refs: spec.input_refs.clone(),
+                            engine_version: 0,
+                            parent_id: Some(parent),
+                            created_at,
+                            updated_at: created_at,
+                            finished_at: None,
+                        },
                         step: spec.step_index,
                         lease: step_action,
                         max_attempts: spec.step.max_attempts,

@@ -1,12 +1,12 @@
 //! Children run by the chunk run that created them ([`crate::Pipeline::children_in_chunk`]).
 //!
 //! The chunk's [`crate::Store::create_children`] leased the new children's step actions to its
-//! runner ([`super::ChildSpec::run_by`]); here the chunk runs their steps through the engine's
+//! runner ([`super::ChildSpec::run_by`]) and started the children in the same transaction
+//! ([`super::ChildOutcome::Leased`]); here the chunk runs their steps through the engine's
 //! step path ([`Engine::run_started`], as a runner's [`Engine::run_step`] would), up to the
-//! pipeline's bound at once: their step boundaries in one [`crate::Store::start_steps`], their
-//! bridge finishes queued in a [`FinishQueue`] and written together once every child still
-//! running has reached its finish (or [`FINISH_WAIT`] after the first), so a chunk of 100
-//! children is one start and, for uniform children, one finish transaction. Leases are
+//! pipeline's bound at once, their bridge finishes queued in a [`FinishQueue`] and written
+//! together once every child still running has reached its finish (or [`FINISH_WAIT`] after
+//! the first), so a chunk of 100 uniform children is one finish transaction. Leases are
 //! heartbeated while the children run. A step that finished its job settled its step action in
 //! the bridge's transaction; every other end is written as the runner writes it
 //! ([`crate::runner::execute::finish_for`]: retry with backoff and the attempt counted, fail,
@@ -32,6 +32,8 @@ use tokio::task::JoinSet;
 #[derive(Debug, Clone)]
 pub(crate) struct LeasedChild {
     pub(crate) child: i64,
+    /// The child as its creating transaction left it: started, at its first step.
+    pub(crate) job: crate::jobs::Job,
     pub(crate) step: i32,
     pub(crate) lease: Lease,
     pub(crate) max_attempts: i32,
@@ -86,8 +88,8 @@ impl FinishQueue {
 }
 
 impl Engine {
-    /// Runs `children`'s steps (at most `max_concurrent` at once): their step boundaries in
-    /// one [`crate::Store::start_steps`], their bridge finishes through a [`FinishQueue`],
+    /// Runs `children`'s steps (at most `max_concurrent` at once; each started by the
+    /// transaction that created it), their bridge finishes through a [`FinishQueue`],
     /// their leases heartbeated until each is done; then writes the finishes their runs did
     /// not settle themselves. Never fails: what it cannot write is left to the leases' lapse.
     pub(crate) async fn run_children_in_chunk(
@@ -97,13 +99,14 @@ impl Engine {
         children: Vec<LeasedChild>,
         max_concurrent: usize,
     ) {
-        let starts = self.start_children(&children).await;
         let queue = Arc::new(FinishQueue::default());
         let bound = max_concurrent.max(1);
         let slots = Arc::new(tokio::sync::Semaphore::new(bound));
         let mut runs = JoinSet::new();
         let mut by_task = HashMap::with_capacity(children.len());
-        for (c, start) in children.into_iter().zip(starts) {
+        for c in children {
+            // Started by the transaction that created it (`ChildOutcome::Leased`).
+            let start = StepStart::Run(c.job.clone());
             let control = RunControl::new(None).with_finish_queue(Arc::clone(&queue));
             let ctx = ActionContext {
                 action_id: c.lease.id,
@@ -122,12 +125,7 @@ impl Engine {
             let limit = facts.default_timeout;
             let handle = runs.spawn(async move {
                 let _slot = slots.acquire_owned().await;
-                let run = tokio::spawn(async move {
-                    match start {
-                        Some(start) => engine.run_started(ctx, start).await,
-                        None => engine.run_step(ctx).await,
-                    }
-                });
+                let run = tokio::spawn(async move { engine.run_started(ctx, start).await });
                 let abort = run.abort_handle();
                 let end = match limit {
                     Some(limit) => match tokio::time::timeout(limit, run).await {
@@ -203,22 +201,6 @@ impl Engine {
             }
         }
         self.write_child_finishes(&writes).await;
-    }
-
-    /// The step boundaries of `children` in one [`crate::Store::start_steps`]; `None` for
-    /// each when that call fails (each child's run then starts its step on its own path).
-    async fn start_children(&self, children: &[LeasedChild]) -> Vec<Option<StepStart>> {
-        let reqs: Vec<(i64, i32)> = children.iter().map(|c| (c.child, c.step)).collect();
-        match self.store.start_steps(&reqs, self.clock.now()).await {
-            Ok(v) if v.len() == reqs.len() => v.into_iter().map(Some).collect(),
-            Ok(_) | Err(_) => {
-                tracing::debug!(
-                    children = reqs.len(),
-                    "the chunk's step starts failed together; each child starts alone"
-                );
-                vec![None; reqs.len()]
-            }
-        }
     }
 
     /// Writes the queued children's finishes with one [`bridge::finish_runs`] and hands each

@@ -218,8 +218,8 @@ pub struct ChildSpec {
     pub step: StepAction,
     /// When set, [`crate::Store::create_children`] leases the new child's step action to this
     /// run in the same transaction, as a claim would (running, token + 1, attempt + 1, a
-    /// `started` log entry), and reports [`ChildOutcome::Leased`]: the chunk run that created
-    /// the child runs its step itself ([`crate::Pipeline::children_in_chunk`]). A step action
+    /// `started` log entry), starts the child (`processing`), and reports
+    /// [`ChildOutcome::Leased`]: the chunk run that created the child runs its step itself ([`crate::Pipeline::children_in_chunk`]). A step action
     /// in a paused or limited group is left pending for the runners (`Created`). The one-row
     /// path ([`crate::Store::create_child`]) ignores it.
     pub run_by: Option<RunBy>,
@@ -242,10 +242,43 @@ pub(crate) fn run_by_of<'a, T>(specs: &'a [ChildSpec], create: &[(usize, T)]) ->
         .and_then(|(at, _)| specs[*at].run_by.as_ref())
 }
 
+/// The children a backend's `create_children` has leased the step actions of (`leased`, by
+/// unique key), among the created ones (`create`'s spec positions, `ids` the child id by row
+/// index): the ones it starts in the same transaction ([`ChildOutcome::Leased`]).
+pub(crate) fn leased_children<T>(
+    specs: &[ChildSpec],
+    create: &[(usize, T)],
+    ids: &std::collections::HashMap<i32, i64>,
+    leased: &std::collections::HashMap<String, crate::store::Lease>,
+) -> Vec<i64> {
+    create
+        .iter()
+        .filter_map(|(at, _)| {
+            let c = &specs[*at];
+            let child = *ids.get(&c.idx)?;
+            leased
+                .contains_key(&crate::jobs::step_action_key(child, c.step_index))
+                .then_some(child)
+        })
+        .collect()
+}
+
+/// A backend's start of the children it just created and leased: `moved` of `n` moved to
+/// `processing` (all of them, or the transaction is refused: they were inserted `pending` by
+/// it and are locked by it).
+pub(crate) fn fresh_children_started(moved: u64, n: usize) -> crate::error::Result<()> {
+    if moved == n as u64 {
+        return Ok(());
+    }
+    Err(crate::error::Error::Config(format!(
+        "create_children: {moved} of {n} new children started"
+    )))
+}
+
 /// The tail of a backend's `create_children` once it has leased the new step actions
-/// (`leased`, by unique key): each created child (`create`'s spec positions, `ids` its child id
-/// by row index) whose step action was leased becomes [`ChildOutcome::Leased`]. True when one
-/// of `actions` is due at `now` and was not leased (runners should be woken).
+/// (`leased`, by unique key) and started their children: each created child whose step action
+/// was leased becomes [`ChildOutcome::Leased`]. True when one of `actions` is due at `now` and
+/// was not leased (runners should be woken).
 pub(crate) fn apply_leases<T>(
     specs: &[ChildSpec],
     create: &[(usize, T)],
@@ -279,7 +312,11 @@ pub(crate) fn apply_leases<T>(
 pub enum ChildOutcome {
     /// A new child.
     Created(i64),
-    /// A new child whose step action was leased to the creating run ([`ChildSpec::run_by`]).
+    /// A new child whose step action was leased to the creating run ([`ChildSpec::run_by`]),
+    /// and which the same transaction started (`pending` → `processing`, updated at the
+    /// creation time): the step boundary [`crate::Store::start_steps`] would decide for a fresh
+    /// child at its first step, decided under the parent's lock that also refused to create
+    /// children of a stopped batch, so the creating run runs the step without a start call.
     Leased {
         /// The child.
         child: i64,

@@ -387,6 +387,23 @@ async fn insert_children(
         Some(by) => lease_steps(&mut *conn, &actions, by, now).await?,
         None => HashMap::new(),
     };
+    let started = crate::batch::leased_children(specs, create, &ids, &leased);
+    if !started.is_empty() {
+        // The leased children start here (see `ChildOutcome::Leased`).
+        let mut qb = QueryBuilder::<MySql>::new(
+            "UPDATE dockhand_jobs SET status = 'processing', updated_at = ",
+        );
+        qb.push_bind(ms(now))
+            .push(" WHERE status = 'pending' AND id IN (");
+        push_list(&mut qb, &started);
+        qb.push(")");
+        let done = qb
+            .build()
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db("create_children (start)"))?;
+        crate::batch::fresh_children_started(done.rows_affected(), started.len())?;
+    }
     Ok(crate::batch::apply_leases(
         specs, create, &ids, &leased, outcomes, &actions, now,
     ))

@@ -330,6 +330,20 @@ async fn insert_children(
         Some(by) => lease_steps(&mut *conn, &actions, by, now).await?,
         None => HashMap::new(),
     };
+    let started = crate::batch::leased_children(specs, create, &ids, &leased);
+    if !started.is_empty() {
+        // The leased children start here (see `ChildOutcome::Leased`).
+        let done = sqlx::query(
+            "UPDATE dockhand_jobs SET status = 'processing', updated_at = $2
+             WHERE id = ANY($1) AND status = 'pending'",
+        )
+        .bind(&started)
+        .bind(ts(now))
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::db("create_children (start)"))?;
+        crate::batch::fresh_children_started(done.rows_affected(), started.len())?;
+    }
     // The parent row's only write, last: until here the transaction holds the parent in key
     // share mode, which the children's counter updates do not wait for (module docs).
     sqlx::query("UPDATE dockhand_jobs SET children_total = children_total + $2 WHERE id = $1")

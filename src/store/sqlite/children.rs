@@ -226,6 +226,29 @@ async fn lease_steps(
         .collect())
 }
 
+/// Starts the children whose step actions this transaction leased (`pending` → `processing`,
+/// as [`crate::Store::start_steps`] would for a fresh child; see [`ChildOutcome::Leased`]).
+async fn start_leased(
+    tx: &mut SqliteConnection,
+    children: &[i64],
+    now: DateTime<Utc>,
+) -> Result<()> {
+    if children.is_empty() {
+        return Ok(());
+    }
+    // `+status`: by primary key, never the status index (src/store/sqlite/plan_tests.rs).
+    let done = sqlx::query(
+        "UPDATE dockhand_jobs SET status = 'processing', updated_at = ?1
+         WHERE id IN (SELECT value FROM json_each(?2)) AND +status = 'pending'",
+    )
+    .bind(ms(now))
+    .bind(json!(children).to_string())
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db("create_children (start)"))?;
+    crate::batch::fresh_children_started(done.rows_affected(), children.len())
+}
+
 /// Inserts the children of `create` (spec position, its claim tokens) with their hand-overs,
 /// rows, counter and step actions; fills their outcomes. True when a step action is due.
 async fn insert_children(
@@ -362,6 +385,12 @@ async fn insert_children(
         Some(by) => lease_steps(&mut *tx, &inserted, by, now).await?,
         None => HashMap::new(),
     };
+    start_leased(
+        &mut *tx,
+        &crate::batch::leased_children(specs, create, &ids, &leased),
+        now,
+    )
+    .await?;
     Ok(crate::batch::apply_leases(
         specs, create, &ids, &leased, outcomes, &actions, now,
     ))
