@@ -323,3 +323,75 @@ async fn concurrent_leases_take_disjoint_rows() {
     assert_eq!((st.ready, st.leased), (0, 40));
     drop_db(store, &url, &name).await;
 }
+
+/// `create_children` reads the parent unlocked and takes its lock only with its last write
+/// (`ParentLock::Last`). A stop that commits while it waits for that lock makes the write match
+/// nothing; the attempt is rolled back and runs again with the parent locked first, which
+/// discards the rows (batch stopped): no child of a stopped batch, whatever the interleaving.
+#[tokio::test]
+async fn a_stop_committed_while_create_children_waits_for_the_parent_creates_no_child() {
+    let Some((store, url, name)) = open("stop_race").await else {
+        return;
+    };
+    let parent = parent_with_worklist(&store, 3).await;
+    let run = running_lease(&*store, "w", t0()).await;
+    let leased = store
+        .lease_work(parent, 3, run, t0() + Duration::minutes(5), t0())
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 3);
+    // A stop under way: the parent locked and marked, not committed yet.
+    let mut stop = store.pool().begin().await.unwrap();
+    sqlx::query("UPDATE dockhand_jobs SET batch_outcome = ? WHERE id = ?")
+        .bind(crate::batch::outcome::STOPPED)
+        .bind(parent)
+        .execute(&mut *stop)
+        .await
+        .unwrap();
+    let creating = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let specs = [child(parent, 0), child(parent, 1)];
+            store.create_children(&specs, run, t0()).await
+        })
+    };
+    // Wait (a signal from the server, not a sleep) until the creation's last write, the
+    // parent's `children_total`, is in progress: it waits there for the stop's lock.
+    let waiting = async {
+        loop {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.processlist
+                 WHERE info LIKE 'UPDATE dockhand_jobs SET children_total%'",
+            )
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+            if n > 0 || creating.is_finished() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), waiting)
+        .await
+        .expect("create_children neither waited for the parent's lock nor ended");
+    assert!(
+        !creating.is_finished(),
+        "create_children ended without waiting for the parent's lock: {:?}",
+        creating.await
+    );
+    stop.commit().await.unwrap();
+    let out = creating.await.unwrap().unwrap();
+    assert_eq!(
+        out,
+        vec![ChildOutcome::Discarded(crate::batch::DiscardCause::BatchStopped); 2]
+    );
+    let children: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM dockhand_jobs WHERE parent_id = ?")
+            .bind(parent)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(children, 0, "no child of a stopped batch");
+    drop_db(store, &url, &name).await;
+}

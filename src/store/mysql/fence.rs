@@ -62,10 +62,24 @@ pub(super) async fn lock_parent(
     parent: i64,
     op: &'static str,
 ) -> Result<Option<ParentRow>> {
-    let row = sqlx::query(
+    read_parent(conn, parent, true, op).await
+}
+
+/// Reads job `parent` on the open transaction, locked (`FOR UPDATE`) or not (the last committed
+/// row); `None` when missing.
+pub(super) async fn read_parent(
+    conn: &mut MySqlConnection,
+    parent: i64,
+    lock: bool,
+    op: &'static str,
+) -> Result<Option<ParentRow>> {
+    let row = sqlx::query(if lock {
         "SELECT status, batch_state, batch_outcome, children_total, children_terminal
-         FROM dockhand_jobs WHERE id = ? FOR UPDATE",
-    )
+         FROM dockhand_jobs WHERE id = ? FOR UPDATE"
+    } else {
+        "SELECT status, batch_state, batch_outcome, children_total, children_terminal
+         FROM dockhand_jobs WHERE id = ?"
+    })
     .bind(parent)
     .fetch_optional(&mut *conn)
     .await
