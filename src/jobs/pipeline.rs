@@ -228,7 +228,8 @@ impl Pipeline {
     /// with one lane); chunk runs lease disjoint rows, and the fence is set by the run that
     /// finds no row ready or leased. More lanes keep more of a batch's work in flight where one
     /// chain of chunks waits on round trips; each lane holds a runner slot while it runs
-    /// (with [`Pipeline::children_in_chunk`], for its children's steps too).
+    /// (with [`Pipeline::children_in_chunk`], for its children's steps too). `n` is taken
+    /// within 1..=64 (0 is one lane).
     pub fn chunk_lanes(mut self, n: u32) -> Self {
         self.chunk_lanes = n.clamp(1, 64);
         self

@@ -421,65 +421,26 @@ mod tests {
     fn superseded_is_another_run_of_the_step_not_kept_nulls_matching_nothing() {
         let lease = Lease { id: 7, token: 3 };
         let keep = vec!["kept".to_string()];
-        let t = "tok".to_string();
-        let k = "kept".to_string();
-        // Another action, or the same action under another token: superseded.
-        assert!(superseded(
-            (Some(1), Some(8), Some(3)),
-            Some(&t),
-            1,
-            lease,
-            &keep
-        ));
-        assert!(superseded(
-            (Some(1), Some(7), Some(4)),
-            Some(&t),
-            1,
-            lease,
-            &keep
-        ));
-        assert!(superseded(
-            (Some(1), None, Some(4)),
-            Some(&t),
-            1,
-            lease,
-            &keep
-        ));
-        // This run's own claim, another step's, no run recorded, or kept by the output: not.
-        assert!(!superseded(
-            (Some(1), Some(7), Some(3)),
-            Some(&t),
-            1,
-            lease,
-            &keep
-        ));
-        assert!(!superseded(
-            (Some(2), Some(8), Some(3)),
-            Some(&t),
-            1,
-            lease,
-            &keep
-        ));
-        assert!(!superseded(
-            (None, Some(8), Some(9)),
-            Some(&t),
-            1,
-            lease,
-            &keep
-        ));
-        assert!(!superseded(
-            (Some(1), None, None),
-            Some(&t),
-            1,
-            lease,
-            &keep
-        ));
-        assert!(!superseded(
-            (Some(1), Some(8), Some(3)),
-            Some(&k),
-            1,
-            lease,
-            &keep
-        ));
+        let (t, k) = ("tok".to_string(), "kept".to_string());
+        // (taken by, token, superseded?)
+        let cases: [(TakenBy, &String, bool); 8] = [
+            // Another action, or the same action under another token: superseded.
+            ((Some(1), Some(8), Some(3)), &t, true),
+            ((Some(1), Some(7), Some(4)), &t, true),
+            ((Some(1), None, Some(4)), &t, true),
+            // This run's own claim, another step's, no run recorded, or kept by the output.
+            ((Some(1), Some(7), Some(3)), &t, false),
+            ((Some(2), Some(8), Some(3)), &t, false),
+            ((None, Some(8), Some(9)), &t, false),
+            ((Some(1), None, None), &t, false),
+            ((Some(1), Some(8), Some(3)), &k, false),
+        ];
+        for (run, token, want) in cases {
+            assert_eq!(
+                superseded(run, Some(token), 1, lease, &keep),
+                want,
+                "{run:?} {token}"
+            );
+        }
     }
 }
