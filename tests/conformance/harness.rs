@@ -285,6 +285,20 @@ impl TestDb {
         }
     }
 
+    /// Runs a query returning one text value (a diagnostic dump) on the test's raw-SQL pool;
+    /// the error's text when it fails.
+    pub async fn text_of(&self, sql: &str) -> String {
+        let got: Result<Option<String>, sqlx::Error> = match self.raw().await {
+            RawPool::Sqlite(p) => sqlx::query_scalar(sql).fetch_one(&p).await,
+            RawPool::Postgres(p) => sqlx::query_scalar(sql).fetch_one(&p).await,
+            RawPool::Mysql(p) => sqlx::query_scalar(sql).fetch_one(&p).await,
+        };
+        match got {
+            Ok(text) => text.unwrap_or_default(),
+            Err(e) => format!("({e})"),
+        }
+    }
+
     /// Runs queries returning one integer each (a `COUNT(*)`) on the test's raw-SQL pool.
     pub async fn count_all(&self, sqls: &[&str]) -> Vec<i64> {
         let mut out = Vec::new();
