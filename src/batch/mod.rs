@@ -263,18 +263,6 @@ pub(crate) fn leased_children<T>(
         .collect()
 }
 
-/// A backend's start of the children it just created and leased: `moved` of `n` moved to
-/// `processing` (all of them, or the transaction is refused: they were inserted `pending` by
-/// it and are locked by it).
-pub(crate) fn fresh_children_started(moved: u64, n: usize) -> crate::error::Result<()> {
-    if moved == n as u64 {
-        return Ok(());
-    }
-    Err(crate::error::Error::Config(format!(
-        "create_children: {moved} of {n} new children started"
-    )))
-}
-
 /// The tail of a backend's `create_children` once it has leased the new step actions
 /// (`leased`, by unique key) and started their children: each created child whose step action
 /// was leased becomes [`ChildOutcome::Leased`]. True when one of `actions` is due at `now` and

@@ -6,10 +6,10 @@
 //! ([`GroupOutcomes`]).
 
 use crate::error::{Error, Result};
-use crate::jobs::{BridgeOutcome, FinishRequest};
+use crate::jobs::{BridgeOutcome, FinishRequest, Job};
 use crate::state::JobStatus;
 use crate::store::Lease;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// What one job's part of a bridge transaction did (each backend's `bridge::finish_in_tx`).
 #[derive(Debug)]
@@ -87,18 +87,9 @@ impl GroupOutcomes {
                 BridgeOutcome::AlreadyFinal { status, reason }
             }
             Ok(InTx::ClaimCompletionFailed { error }) => {
-                return Ok(Some(RollBack {
-                    job_id: req.job_id,
-                    error,
-                }))
+                return roll_back_on(req.job_id, Ok(Err(error)))
             }
-            Err(e @ Error::TransientCompletion { .. }) => {
-                return Ok(Some(RollBack {
-                    job_id: req.job_id,
-                    error: e.to_string(),
-                }))
-            }
-            Err(e) => return Err(e),
+            Err(e) => return roll_back_on(req.job_id, Err(e)),
         };
         self.out[i] = Some(outcome);
         Ok(None)
@@ -113,6 +104,113 @@ impl GroupOutcomes {
     pub(crate) fn into_results(self) -> Result<Vec<BridgeOutcome>> {
         in_request_order(self.out)
     }
+}
+
+/// A claim completion's result for one job (each backend's `complete_claims`): the inner `Err`
+/// is a completion that failed for good, the outer one a database error or a transient
+/// completion failure ([`Error::TransientCompletion`]).
+pub(crate) type Completed = Result<std::result::Result<(), String>>;
+
+/// `done` for job `job_id` as the group's fate: `Ok(None)` goes on, `Ok(Some(_))` rolls the
+/// group back (a completion failed, for good or transiently), a database error is returned.
+pub(crate) fn roll_back_on(job_id: i64, done: Completed) -> Result<Option<RollBack>> {
+    match done {
+        Ok(Ok(())) => Ok(None),
+        Ok(Err(error)) => Ok(Some(RollBack { job_id, error })),
+        Err(e @ Error::TransientCompletion { .. }) => Ok(Some(RollBack {
+            job_id,
+            error: e.to_string(),
+        })),
+        Err(e) => Err(e),
+    }
+}
+
+/// One job a set-based group finish moves to its final status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Move<'a> {
+    /// The job.
+    pub(crate) job_id: i64,
+    /// Its final status (the request's).
+    pub(crate) status: JobStatus,
+    /// The request's reason.
+    pub(crate) reason: Option<&'a str>,
+    /// Its status when read: the compare-and-swap's guard.
+    pub(crate) was: JobStatus,
+}
+
+/// A set-based group finish decided before its claims are completed ([`plan`]).
+#[derive(Debug)]
+pub(crate) struct Plan<'a> {
+    /// Every request's outcome, the moves' as [`BridgeOutcome::Finished`] with their parents
+    /// tallied: valid once every succeeding move's claims completed (otherwise the group rolls
+    /// back and these are dropped).
+    pub(crate) group: GroupOutcomes,
+    /// The jobs to move, in job order (the order their claims are completed in).
+    pub(crate) moves: Vec<Move<'a>>,
+}
+
+/// The single bridge path's decisions for a group, request by request in [`job_order`]: a run
+/// that lost its lease (`held[i]` false) leaves its job alone, a job already final (or moved
+/// by an earlier request of the group) is [`InTx::AlreadyFinal`], any other job moves to the
+/// request's status. `jobs` holds the held requests' jobs, read under their row locks; a
+/// held request whose job is missing is [`Error::NotFound`].
+pub(crate) fn plan<'a>(
+    reqs: &'a [FinishRequest],
+    held: &[bool],
+    jobs: &HashMap<i64, Job>,
+) -> Result<Plan<'a>> {
+    let mut group = GroupOutcomes::new(reqs.len());
+    let mut moves = Vec::new();
+    let mut moved: HashMap<i64, (JobStatus, Option<String>)> = HashMap::new();
+    for i in job_order(reqs.iter().map(|r| r.job_id)) {
+        let r = &reqs[i];
+        if !held.get(i).copied().unwrap_or(false) {
+            if let Some(lease) = r.lease {
+                group.lease_lost(i, lease);
+            }
+            continue;
+        }
+        let Some(job) = jobs.get(&r.job_id) else {
+            return Err(Error::NotFound {
+                what: "job",
+                id: r.job_id,
+            });
+        };
+        let standing = moved.get(&r.job_id).cloned().or_else(|| {
+            job.status
+                .is_final()
+                .then(|| (job.status, job.reason.clone()))
+        });
+        if let Some((status, reason)) = standing {
+            group.record(i, r, Ok(InTx::AlreadyFinal { status, reason }))?;
+            continue;
+        }
+        moves.push(Move {
+            job_id: r.job_id,
+            status: r.status,
+            reason: r.reason.as_deref(),
+            was: job.status,
+        });
+        moved.insert(r.job_id, (r.status, r.reason.clone()));
+        let finished = InTx::Finished {
+            parent: job.parent_id,
+        };
+        group.record(i, r, Ok(finished))?;
+    }
+    Ok(Plan { group, moves })
+}
+
+/// Checks that a grouped write moved all `n` jobs it was meant to: the rows are locked and
+/// were read under the lock, so fewer is unreachable; never report a write that did not
+/// happen.
+pub(crate) fn all_moved(op: &str, moved: u64, n: usize) -> Result<()> {
+    if moved == n as u64 {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "{op}: {} of {n} jobs changed under their row locks",
+        (n as u64).saturating_sub(moved)
+    )))
 }
 
 /// What a backend's set-based group finish did on its open transaction.
@@ -273,6 +371,110 @@ mod tests {
             ]
         );
         assert!(GroupOutcomes::new(1).into_results().is_err());
+    }
+
+    fn job(id: i64, status: JobStatus, parent_id: Option<i64>) -> (i64, Job) {
+        let at = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+        let job = Job {
+            id,
+            pipeline: "p".into(),
+            status,
+            reason: status.is_final().then(|| "before".to_string()),
+            step_index: 0,
+            input_refs: vec![],
+            engine_version: 0,
+            parent_id,
+            created_at: at,
+            updated_at: at,
+            finished_at: None,
+        };
+        (id, job)
+    }
+
+    #[test]
+    fn plan_decides_each_request_as_the_single_path_in_job_order() {
+        let mut lost = req(2, JobStatus::Completed);
+        lost.lease = Some(Lease { id: 70, token: 4 });
+        let mut failing = req(8, JobStatus::Failed);
+        failing.reason = Some("boom".into());
+        let reqs = vec![
+            req(9, JobStatus::Completed),
+            lost,
+            failing,
+            req(5, JobStatus::Completed),
+            req(8, JobStatus::Completed),
+        ];
+        let held = [true, false, true, true, true];
+        let jobs: HashMap<i64, Job> = [
+            job(9, JobStatus::Processing, Some(1)),
+            job(2, JobStatus::Processing, None),
+            job(8, JobStatus::Processing, Some(1)),
+            job(5, JobStatus::Cancelled, Some(1)),
+        ]
+        .into_iter()
+        .collect();
+        let Plan { group, moves } = plan(&reqs, &held, &jobs).unwrap();
+        let moved = |job_id, status, reason| Move {
+            job_id,
+            status,
+            reason,
+            was: JobStatus::Processing,
+        };
+        // Job order; job 8's second request finds the first's status; job 5 was final.
+        assert_eq!(
+            moves,
+            vec![
+                moved(8, JobStatus::Failed, Some("boom")),
+                moved(9, JobStatus::Completed, None)
+            ]
+        );
+        let parents: Vec<_> = group.parents().collect();
+        assert_eq!(parents.len(), 1, "both moves tallied on parent 1");
+        assert_eq!((parents[0].1.completed, parents[0].1.failed), (1, 1));
+        assert_eq!(
+            group.into_results().unwrap(),
+            vec![
+                BridgeOutcome::Finished,
+                BridgeOutcome::LeaseLost {
+                    action_id: 70,
+                    token: 4
+                },
+                BridgeOutcome::Finished,
+                BridgeOutcome::AlreadyFinal {
+                    status: JobStatus::Cancelled,
+                    reason: Some("before".into())
+                },
+                BridgeOutcome::AlreadyFinal {
+                    status: JobStatus::Failed,
+                    reason: Some("boom".into())
+                },
+            ]
+        );
+        // A held request whose job has no row is named.
+        let missing = plan(&reqs[..1], &[true], &HashMap::new()).unwrap_err();
+        assert!(
+            matches!(missing, Error::NotFound { what: "job", id: 9 }),
+            "{missing}"
+        );
+    }
+
+    #[test]
+    fn roll_back_on_names_the_job_and_passes_database_errors() {
+        assert!(roll_back_on(3, Ok(Ok(()))).unwrap().is_none());
+        assert_eq!(
+            roll_back_on(3, Ok(Err("bad".into())))
+                .unwrap()
+                .unwrap()
+                .error,
+            "bad"
+        );
+        let transient = Error::TransientCompletion {
+            item_id: "i".into(),
+            job_id: Some(3),
+            message: "busy".into(),
+        };
+        assert_eq!(roll_back_on(3, Err(transient)).unwrap().unwrap().job_id, 3);
+        assert!(roll_back_on(3, Err(Error::Config("db".into()))).is_err());
     }
 
     #[test]

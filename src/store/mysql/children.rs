@@ -15,6 +15,7 @@ use super::batch::{chunk_fence, discard_row, push_token_in, refusal};
 use super::claim::push_list;
 use super::connect::retry_deadlocks;
 use super::fence::{job_status, read_parent, TOKENS_PER_STATEMENT};
+use super::grouped::start_pending;
 use super::jobs::text;
 use super::{ms, MySqlStore};
 use crate::batch::{ChildOutcome, ChildSpec, DiscardCause, RunBy};
@@ -450,22 +451,8 @@ async fn insert_children(
         None => HashMap::new(),
     };
     let started = crate::batch::leased_children(specs, create, &ids, &leased);
-    if !started.is_empty() {
-        // The leased children start here (see `ChildOutcome::Leased`).
-        let mut qb = QueryBuilder::<MySql>::new(
-            "UPDATE dockhand_jobs SET status = 'processing', updated_at = ",
-        );
-        qb.push_bind(ms(now))
-            .push(" WHERE status = 'pending' AND id IN (");
-        push_list(&mut qb, &started);
-        qb.push(")");
-        let done = qb
-            .build()
-            .execute(&mut *conn)
-            .await
-            .map_err(Error::db("create_children (start)"))?;
-        crate::batch::fresh_children_started(done.rows_affected(), started.len())?;
-    }
+    // The leased children start here (see `ChildOutcome::Leased`).
+    start_pending(&mut *conn, &started, now, "create_children (start)").await?;
     Ok(crate::batch::apply_leases(
         specs, create, &ids, &leased, outcomes, &actions, now,
     ))

@@ -25,8 +25,7 @@ use crate::claims::completion::run_in_tx;
 use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identity};
 use crate::error::{Error, Result};
 use crate::jobs::{FinishRequest, Job};
-use crate::state::JobStatus;
-use crate::store::finish_group::{job_order, GroupOutcomes, InTx, SetFinished};
+use crate::store::finish_group::{all_moved, plan, roll_back_on, Completed, Plan, SetFinished};
 use crate::store::{Finish, FinishResult, Lease};
 use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlRow;
@@ -177,7 +176,7 @@ async fn complete_claims(
     completions: &CompletionRegistry,
     writes: &mut ClaimWrites,
     now: DateTime<Utc>,
-) -> Result<std::result::Result<(), String>> {
+) -> Completed {
     for c in claims {
         let row = &c.row;
         let identity = Identity {
@@ -337,79 +336,28 @@ pub(super) async fn finish_set(
     for owned in claims.values_mut() {
         owned.retain(|c| !gone.contains(&c.id));
     }
-    let mut group = GroupOutcomes::new(reqs.len());
+    let Plan { group, moves: plan } = plan(reqs, &held, &jobs)?;
     let mut moves = Moves::new();
-    let mut events = Vec::new();
-    // Jobs this group finished: a later request for the same job finds it final.
-    let mut finished: HashMap<i64, (JobStatus, Option<String>)> = HashMap::new();
-    for i in job_order(reqs.iter().map(|r| r.job_id)) {
-        let r = &reqs[i];
-        if !held[i] {
-            if let Some(lease) = r.lease {
-                group.lease_lost(i, lease);
-            }
-            continue;
-        }
-        let Some(job) = jobs.get(&r.job_id) else {
-            let missing = Err(Error::NotFound {
-                what: "job",
-                id: r.job_id,
-            });
-            group.record(i, r, missing)?;
-            continue;
-        };
-        let standing = finished.get(&r.job_id).cloned().or_else(|| {
-            job.status
-                .is_final()
-                .then(|| (job.status, job.reason.clone()))
-        });
-        if let Some((status, reason)) = standing {
-            group.record(i, r, Ok(InTx::AlreadyFinal { status, reason }))?;
-            continue;
-        }
-        let owned = claims.remove(&r.job_id).unwrap_or_default();
-        if r.status.is_success() {
-            let done = complete_claims(tx, r.job_id, &owned, completions, &mut writes, now).await;
-            let failed = match done {
-                Ok(Ok(())) => None,
-                Ok(Err(error)) => Some(Ok(InTx::ClaimCompletionFailed { error })),
-                Err(e) => Some(Err(e)),
-            };
-            if let Some(done) = failed {
-                return match group.record(i, r, done)? {
-                    Some(rb) => Ok(SetFinished::RollBack(rb)),
-                    None => Err(Error::Config(format!(
-                        "finish_jobs: job {}'s failed completion was not a roll back",
-                        r.job_id
-                    ))),
-                };
+    let mut events = Vec::with_capacity(plan.len());
+    for m in plan {
+        let owned = claims.remove(&m.job_id).unwrap_or_default();
+        if m.status.is_success() {
+            let done = complete_claims(tx, m.job_id, &owned, completions, &mut writes, now).await;
+            if let Some(rb) = roll_back_on(m.job_id, done)? {
+                return Ok(SetFinished::RollBack(rb));
             }
         } else {
             writes.deleted.extend(owned.iter().map(|c| c.id));
         }
+        let reason = m.reason.map(str::to_string);
         moves
-            .entry((r.status.as_str(), r.reason.clone(), job.status.as_str()))
+            .entry((m.status.as_str(), reason.clone(), m.was.as_str()))
             .or_default()
-            .push(r.job_id);
-        events.push((r.job_id, r.status.as_str(), r.reason.clone()));
-        finished.insert(r.job_id, (r.status, r.reason.clone()));
-        group.record(
-            i,
-            r,
-            Ok(InTx::Finished {
-                parent: job.parent_id,
-            }),
-        )?;
+            .push(m.job_id);
+        events.push((m.job_id, m.status.as_str(), reason));
     }
     let moved = write_set(tx, &writes, &moves, &events, now).await?;
-    if moved != events.len() as u64 {
-        // Unreachable while the row locks hold; never report a write that did not happen.
-        return Err(Error::Config(format!(
-            "finish_jobs: {} of {} jobs changed under their row locks",
-            events.len() as u64 - moved.min(events.len() as u64),
-            events.len()
-        )));
-    }
+    all_moved("finish_jobs", moved, events.len())?;
     Ok(SetFinished::Written(group))
 }
 

@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::jobs::Job;
 use crate::jobs::{FinishRequest, GroupFinished, StepStart};
 use crate::state::{JobStatus, ParentView};
-use crate::store::finish_group::{check_final, RollBack, SetFinished};
+use crate::store::finish_group::{all_moved, check_final, RollBack, SetFinished};
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
@@ -133,25 +133,34 @@ async fn starts_in_tx(
         decided.insert(job_id, result.clone());
         out.push(result);
     }
-    if !starting.is_empty() {
-        let mut qb = QueryBuilder::<MySql>::new(
-            "UPDATE dockhand_jobs SET status = 'processing', updated_at = ",
-        );
-        qb.push_bind(ms(now));
-        qb.push(" WHERE status = 'pending' AND id IN (");
-        push_list(&mut qb, &starting);
-        qb.push(")");
-        let done = qb.build().execute(&mut *tx).await.map_err(Error::db(op))?;
-        if done.rows_affected() != starting.len() as u64 {
-            // Unreachable with the rows locked; never report a start that did not happen.
-            return Err(Error::Config(format!(
-                "start_steps: {} of {} jobs changed under their row locks",
-                starting.len() as u64 - done.rows_affected().min(starting.len() as u64),
-                starting.len()
-            )));
-        }
-    }
+    start_pending(&mut *tx, &starting, now, op).await?;
     Ok(out)
+}
+
+/// Starts the pending jobs `ids` (`pending` → `processing`), whose rows the transaction
+/// locked or inserted: all of them, or the error (see [`all_moved`]). Grouped step starts
+/// and `create_children`'s leased children both start this way.
+pub(super) async fn start_pending(
+    conn: &mut MySqlConnection,
+    ids: &[i64],
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut qb =
+        QueryBuilder::<MySql>::new("UPDATE dockhand_jobs SET status = 'processing', updated_at = ");
+    qb.push_bind(ms(now));
+    qb.push(" WHERE status = 'pending' AND id IN (");
+    push_list(&mut qb, ids);
+    qb.push(")");
+    let done = qb
+        .build()
+        .execute(&mut *conn)
+        .await
+        .map_err(Error::db(op))?;
+    all_moved(op, done.rows_affected(), ids.len())
 }
 
 /// Whether `lease` is still a running action's, on the open transaction (its row share-locked

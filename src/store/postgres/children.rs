@@ -18,6 +18,7 @@
 
 use super::batch::{chunk_fence, discard_row, refusal};
 use super::enqueue::enqueue_fresh;
+use super::grouped::start_pending;
 use super::{ts, PgStore};
 use crate::batch::{ChildOutcome, ChildSpec, DiscardCause, RunBy};
 use crate::error::{Error, Result};
@@ -331,19 +332,8 @@ async fn insert_children(
         None => HashMap::new(),
     };
     let started = crate::batch::leased_children(specs, create, &ids, &leased);
-    if !started.is_empty() {
-        // The leased children start here (see `ChildOutcome::Leased`).
-        let done = sqlx::query(
-            "UPDATE dockhand_jobs SET status = 'processing', updated_at = $2
-             WHERE id = ANY($1) AND status = 'pending'",
-        )
-        .bind(&started)
-        .bind(ts(now))
-        .execute(&mut *conn)
-        .await
-        .map_err(Error::db("create_children (start)"))?;
-        crate::batch::fresh_children_started(done.rows_affected(), started.len())?;
-    }
+    // The leased children start here (see `ChildOutcome::Leased`).
+    start_pending(&mut *conn, &started, now, "create_children (start)").await?;
     // The parent row's only write, last: until here the transaction holds the parent in key
     // share mode, which the children's counter updates do not wait for (module docs).
     sqlx::query("UPDATE dockhand_jobs SET children_total = children_total + $2 WHERE id = $1")

@@ -21,8 +21,7 @@ use crate::claims::completion::run_in_tx;
 use crate::claims::{CompletionRegistry, CompletionTx};
 use crate::error::{Error, Result};
 use crate::jobs::{FinishRequest, Job};
-use crate::state::JobStatus;
-use crate::store::finish_group::{job_order, GroupOutcomes, InTx, SetFinished};
+use crate::store::finish_group::{all_moved, plan, roll_back_on, Completed, Plan, SetFinished};
 use crate::store::{Finish, Lease};
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
@@ -163,7 +162,7 @@ async fn complete_claims(
     completions: &CompletionRegistry,
     settles: &mut Settles,
     now: DateTime<Utc>,
-) -> Result<std::result::Result<(), String>> {
+) -> Completed {
     for row in &rows {
         let (id, ctx, config) = match claim_context(row, job_id, now) {
             Ok(c) => c,
@@ -282,78 +281,30 @@ pub(super) async fn finish_set(
         .map(|(r, _)| r.job_id)
         .collect();
     let mut claims = read_claims(tx, &succeeding).await?;
-    let mut group = GroupOutcomes::new(reqs.len());
+    let Plan { group, moves: plan } = plan(reqs, &held, &jobs)?;
     let mut settles = Settles::default();
     let mut released = Vec::new();
     let mut moves = Moves::default();
-    // Jobs this group finished: a later request for the same job finds it final.
-    let mut finished: HashMap<i64, (JobStatus, Option<String>)> = HashMap::new();
-    for i in job_order(reqs.iter().map(|r| r.job_id)) {
-        let r = &reqs[i];
-        if !held[i] {
-            if let Some(lease) = r.lease {
-                group.lease_lost(i, lease);
-            }
-            continue;
-        }
-        let Some(job) = jobs.get(&r.job_id) else {
-            let missing = Err(Error::NotFound {
-                what: "job",
-                id: r.job_id,
-            });
-            group.record(i, r, missing)?;
-            continue;
-        };
-        let standing = finished.get(&r.job_id).cloned().or_else(|| {
-            job.status
-                .is_final()
-                .then(|| (job.status, job.reason.clone()))
-        });
-        if let Some((status, reason)) = standing {
-            group.record(i, r, Ok(InTx::AlreadyFinal { status, reason }))?;
-            continue;
-        }
-        if r.status.is_success() {
-            let owned = claims.remove(&r.job_id).unwrap_or_default();
-            let done = complete_claims(tx, r.job_id, owned, completions, &mut settles, now).await;
-            let failed = match done {
-                Ok(Ok(())) => None,
-                Ok(Err(error)) => Some(Ok(InTx::ClaimCompletionFailed { error })),
-                Err(e) => Some(Err(e)),
-            };
-            if let Some(done) = failed {
-                return match group.record(i, r, done)? {
-                    Some(rb) => Ok(SetFinished::RollBack(rb)),
-                    None => Err(Error::Config(format!(
-                        "finish_jobs: job {}'s failed completion was not a roll back",
-                        r.job_id
-                    ))),
-                };
+    for m in plan {
+        if m.status.is_success() {
+            let owned = claims.remove(&m.job_id).unwrap_or_default();
+            let done = complete_claims(tx, m.job_id, owned, completions, &mut settles, now).await;
+            if let Some(rb) = roll_back_on(m.job_id, done)? {
+                return Ok(SetFinished::RollBack(rb));
             }
         } else {
-            released.push(r.job_id);
+            released.push(m.job_id);
         }
-        moves.ids.push(r.job_id);
-        moves.statuses.push(r.status.as_str());
-        moves.reasons.push(r.reason.clone());
-        moves.was.push(job.status.as_str());
-        finished.insert(r.job_id, (r.status, r.reason.clone()));
-        group.record(
-            i,
-            r,
-            Ok(InTx::Finished {
-                parent: job.parent_id,
-            }),
-        )?;
+        moves.ids.push(m.job_id);
+        moves.statuses.push(m.status.as_str());
+        moves.reasons.push(m.reason.map(str::to_string));
+        moves.was.push(m.was.as_str());
     }
     let moved = write_set(tx, &settles, &released, &moves, now).await?;
-    if moved != moves.ids.len() as i64 {
-        // Unreachable while the row locks hold; never report a write that did not happen.
-        return Err(Error::Config(format!(
-            "finish_jobs: {} of {} jobs changed under their row locks",
-            moves.ids.len() as i64 - moved,
-            moves.ids.len()
-        )));
-    }
+    all_moved(
+        "finish_jobs",
+        u64::try_from(moved).unwrap_or(0),
+        moves.ids.len(),
+    )?;
     Ok(SetFinished::Written(group))
 }

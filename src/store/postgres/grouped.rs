@@ -16,7 +16,9 @@ use crate::claims::CompletionRegistry;
 use crate::error::{Error, Result};
 use crate::jobs::{FinishRequest, GroupFinished, Job, StepStart};
 use crate::state::{JobStatus, ParentView};
-use crate::store::finish_group::{check_final, in_request_order, job_order, RollBack, SetFinished};
+use crate::store::finish_group::{
+    all_moved, check_final, in_request_order, job_order, RollBack, SetFinished,
+};
 use crate::store::rerun::rerun_transaction;
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
@@ -116,30 +118,35 @@ pub(super) async fn start_steps(
             }
             out[i] = Some(start);
         }
-        if !starts.is_empty() {
-            let done = sqlx::query(
-                "UPDATE dockhand_jobs SET status = 'processing', updated_at = $2
-                 WHERE id = ANY($1) AND status = 'pending'",
-            )
-            .bind(&starts)
-            .bind(ts(now))
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::db(op))?;
-            if done.rows_affected() != starts.len() as u64 {
-                // Unreachable while the row locks hold; never report a start that did not
-                // happen.
-                return Err(Error::Config(format!(
-                    "start_steps: {} of {} jobs changed under their row locks",
-                    starts.len() as u64 - done.rows_affected(),
-                    starts.len()
-                )));
-            }
-        }
+        start_pending(&mut tx, &starts, now, op).await?;
         tx.commit().await.map_err(Error::db(op))?;
         in_request_order(out)
     })
     .await
+}
+
+/// Starts the pending jobs `ids` (`pending` → `processing`), whose rows the transaction
+/// locked or inserted: all of them, or the error (see [`all_moved`]). Grouped step starts
+/// and `create_children`'s leased children both start this way.
+pub(super) async fn start_pending(
+    conn: &mut PgConnection,
+    ids: &[i64],
+    now: DateTime<Utc>,
+    op: &'static str,
+) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let done = sqlx::query(
+        "UPDATE dockhand_jobs SET status = 'processing', updated_at = $2
+         WHERE id = ANY($1) AND status = 'pending'",
+    )
+    .bind(ids)
+    .bind(ts(now))
+    .execute(&mut *conn)
+    .await
+    .map_err(Error::db(op))?;
+    all_moved(op, done.rows_affected(), ids.len())
 }
 
 /// Whether `lease` is still a running action's, on the open transaction (its row share-locked

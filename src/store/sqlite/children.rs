@@ -13,6 +13,7 @@ use super::batch::{chunk_fence, discard_row, refusal};
 use super::{ms, SqliteStore};
 use crate::batch::{sidecar_text_is_malformed, ChildOutcome, ChildSpec, DiscardCause, RunBy};
 use crate::error::{Error, Result};
+use crate::store::finish_group::all_moved;
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use serde_json::json;
@@ -246,7 +247,11 @@ async fn start_leased(
     .execute(&mut *tx)
     .await
     .map_err(Error::db("create_children (start)"))?;
-    crate::batch::fresh_children_started(done.rows_affected(), children.len())
+    all_moved(
+        "create_children (start)",
+        done.rows_affected(),
+        children.len(),
+    )
 }
 
 /// Inserts the children of `create` (spec position, its claim tokens) with their hand-overs,

@@ -21,8 +21,7 @@ use crate::claims::completion::run_in_tx;
 use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identity};
 use crate::error::{Error, Result};
 use crate::jobs::{FinishRequest, Job};
-use crate::state::JobStatus;
-use crate::store::finish_group::{job_order, GroupOutcomes, InTx, SetFinished};
+use crate::store::finish_group::{plan, roll_back_on, Completed, Plan, SetFinished};
 use crate::store::Finish;
 use chrono::{DateTime, Utc};
 use sqlx::{Column, Row, SqliteConnection};
@@ -199,7 +198,7 @@ async fn complete_claims(
     completions: &CompletionRegistry,
     settles: &mut Settles,
     now: DateTime<Utc>,
-) -> Result<std::result::Result<(), String>> {
+) -> Completed {
     for c in claims {
         let item = &c.identity.item_id;
         let config = match config_from(c.id, c.completion.as_deref()) {
@@ -337,71 +336,26 @@ pub(super) async fn finish_set(
         .map(|(r, _)| r.job_id)
         .collect();
     let ReadSet { jobs, mut claims } = read_set(tx, &ids, &succeeding).await?;
-    let mut group = GroupOutcomes::new(reqs.len());
+    let Plan { group, moves: plan } = plan(reqs, &held, &jobs)?;
     let mut settles = Settles::default();
     let mut released = Vec::new();
-    let mut moves = Vec::new();
-    // Jobs this group finished: a later request for the same job finds it final.
-    let mut finished: HashMap<i64, (JobStatus, Option<String>)> = HashMap::new();
-    for i in job_order(reqs.iter().map(|r| r.job_id)) {
-        let r = &reqs[i];
-        if !held[i] {
-            if let Some(lease) = r.lease {
-                group.lease_lost(i, lease);
-            }
-            continue;
-        }
-        let Some(job) = jobs.get(&r.job_id) else {
-            let missing = Err(Error::NotFound {
-                what: "job",
-                id: r.job_id,
-            });
-            group.record(i, r, missing)?;
-            continue;
-        };
-        let standing = finished.get(&r.job_id).cloned().or_else(|| {
-            job.status
-                .is_final()
-                .then(|| (job.status, job.reason.clone()))
-        });
-        if let Some((status, reason)) = standing {
-            group.record(i, r, Ok(InTx::AlreadyFinal { status, reason }))?;
-            continue;
-        }
-        if r.status.is_success() {
-            let owned = claims.remove(&r.job_id).unwrap_or_default();
-            let done = complete_claims(tx, r.job_id, owned, completions, &mut settles, now).await;
-            let failed = match done {
-                Ok(Ok(())) => None,
-                Ok(Err(error)) => Some(Ok(InTx::ClaimCompletionFailed { error })),
-                Err(e) => Some(Err(e)),
-            };
-            if let Some(done) = failed {
-                return match group.record(i, r, done)? {
-                    Some(rb) => Ok(SetFinished::RollBack(rb)),
-                    None => Err(Error::Config(format!(
-                        "finish_jobs: job {}'s failed completion was not a roll back",
-                        r.job_id
-                    ))),
-                };
+    let mut moves = Vec::with_capacity(plan.len());
+    for m in plan {
+        if m.status.is_success() {
+            let owned = claims.remove(&m.job_id).unwrap_or_default();
+            let done = complete_claims(tx, m.job_id, owned, completions, &mut settles, now).await;
+            if let Some(rb) = roll_back_on(m.job_id, done)? {
+                return Ok(SetFinished::RollBack(rb));
             }
         } else {
-            released.push(r.job_id);
+            released.push(m.job_id);
         }
         moves.push(Transition {
-            id: r.job_id,
-            status: r.status.as_str(),
-            reason: r.reason.as_deref(),
-            was: job.status.as_str(),
+            id: m.job_id,
+            status: m.status.as_str(),
+            reason: m.reason,
+            was: m.was.as_str(),
         });
-        finished.insert(r.job_id, (r.status, r.reason.clone()));
-        group.record(
-            i,
-            r,
-            Ok(InTx::Finished {
-                parent: job.parent_id,
-            }),
-        )?;
     }
     write_set(tx, &settles, &released, &moves, now).await?;
     Ok(SetFinished::Written(group))
@@ -410,6 +364,7 @@ pub(super) async fn finish_set(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::JobStatus;
 
     #[test]
     fn transitions_serialize_with_the_names_the_update_reads() {
