@@ -59,6 +59,37 @@ e = time.perf_counter() - s
 print(f"floor=sqlite-python-drain-batch8 per_sec={10000/e:.0f}")
 PY
 
+# SQLite, W1b's statement from Python: 10 transactions of one 1,000-row insert of pending
+# actions, on dockhand's schema as migrated (four index entries per pending row: the claim
+# order, the pending tab's time order, hook and group), and again with the claim index alone
+# (what a queue without the operators' indexes writes). Medians of 5, alternating.
+python3 - "$(dirname "$0")/../migrations/sqlite" <<'PY'
+import glob, os, sqlite3, statistics, sys, tempfile, time
+migs = sorted(glob.glob(os.path.join(sys.argv[1], "*.sql")))
+cols = "(hook, args, group_name, priority, status, scheduled_at, max_attempts, created_at)"
+rows = [("bench.noop", '{"n":%d}' % i, None, 10, "pending", 0, 3, 0) for i in range(10000)]
+sql = f"insert into dockhand_actions {cols} values " + ",".join(["(?,?,?,?,?,?,?,?)"] * 1000)
+def run(drop):
+    c = sqlite3.connect(os.path.join(tempfile.mkdtemp(), "f.db"), isolation_level=None)
+    c.execute("pragma journal_mode=wal"); c.execute("pragma synchronous=normal")
+    for f in migs:
+        c.executescript(open(f).read())
+    for i in drop:
+        c.execute(f"drop index {i}")
+    s = time.perf_counter()
+    for k in range(0, 10000, 1000):
+        c.execute("begin immediate")
+        c.execute(sql, [v for r in rows[k:k + 1000] for v in r])
+        c.execute("commit")
+    return 10000 / (time.perf_counter() - s)
+ops = ["dockhand_actions_pending_sched", "dockhand_actions_hook", "dockhand_actions_group_sched"]
+full, lean = [], []
+for _ in range(5):
+    full.append(run([])); lean.append(run(ops))
+print(f"floor=sqlite-python-bulk1000-dockhand-schema per_sec={statistics.median(full):.0f}")
+print(f"floor=sqlite-python-bulk1000-claim-index-only per_sec={statistics.median(lean):.0f}")
+PY
+
 # PostgreSQL: pgbench, one autocommitted single-row insert per transaction, 1 and 8 clients.
 psql "$PGURL" -qc "set client_min_messages = warning; drop table if exists dockhand_floor; create table dockhand_floor (id bigserial primary key, v text)"
 echo "insert into dockhand_floor (v) values ('x');" > /tmp/dockhand_floor.sql
