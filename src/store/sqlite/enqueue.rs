@@ -20,8 +20,7 @@ const INSERT_ONE: &str = "INSERT INTO dockhand_actions
      unique_key, created_at, schedule_id)
  VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?)
  ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'running')
- DO NOTHING
- RETURNING id";
+ DO NOTHING";
 
 /// How often a single enqueue re-tries when its duplicate finished between the insert and the
 /// look-up (possible only with a writer in another process).
@@ -120,13 +119,15 @@ pub(super) async fn enqueue_one(
     }
 }
 
-/// The insert; `None` when a unique duplicate is active.
+/// The insert; `None` when a unique duplicate is active. The id is the connection's last
+/// inserted rowid rather than a `RETURNING` row: sqlx hands a returned row from its worker
+/// thread as a message of its own, one more thread wake-up per enqueue.
 async fn insert(
     conn: &mut SqliteConnection,
     a: &PreparedAction,
     now: DateTime<Utc>,
 ) -> Result<Option<i64>> {
-    sqlx::query_scalar(INSERT_ONE)
+    let done = sqlx::query(INSERT_ONE)
         .bind(&a.hook)
         .bind(&a.args_json)
         .bind(&a.group)
@@ -137,9 +138,10 @@ async fn insert(
         .bind(&a.unique_key)
         .bind(ms(now))
         .bind(a.schedule_id)
-        .fetch_optional(&mut *conn)
+        .execute(&mut *conn)
         .await
-        .map_err(Error::db("enqueue"))
+        .map_err(Error::db("enqueue"))?;
+    Ok((done.rows_affected() == 1).then(|| done.last_insert_rowid()))
 }
 
 /// The active (pending or running) action holding `a`'s unique key.
