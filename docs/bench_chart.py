@@ -33,7 +33,7 @@ def medians(rows):
     out = {}
     for key, rs in groups.items():
         m = {"runs": len(rs)}
-        for field in ("secs", "jobs_per_sec", "p50_ms", "p99_ms", "dup"):
+        for field in ("secs", "jobs_per_sec", "items_per_sec", "p50_ms", "p99_ms", "dup"):
             vals = [float(r[field]) for r in rs if field in r]
             if vals:
                 m[field] = statistics.median(vals)
@@ -120,15 +120,21 @@ def main():
     rows = parse(sys.argv[1])
     med = medians(rows)
     for (peer, wl, conc, dur), m in sorted(med.items()):
-        figure = (
-            f"jobs/s {m['jobs_per_sec']:,.0f} (runs: "
-            + ", ".join(f"{v:,.0f}" for v in m["jobs_per_sec_all"])
-            + ")"
-            if "jobs_per_sec" in m
-            else f"p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms (p99 runs: "
-            + ", ".join(f"{v:.2f}" for v in m["p99_ms_all"])
-            + ")"
-        )
+        if "jobs_per_sec" in m:
+            figure = f"jobs/s {m['jobs_per_sec']:,.0f} (runs: " + ", ".join(
+                f"{v:,.0f}" for v in m["jobs_per_sec_all"]
+            ) + ")"
+        elif "items_per_sec" in m:
+            # W4 (pipeline items/s).
+            figure = f"items/s {m['items_per_sec']:,.0f} (runs: " + ", ".join(
+                f"{v:,.0f}" for v in m["items_per_sec_all"]
+            ) + ")"
+        else:
+            figure = (
+                f"p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms (p99 runs: "
+                + ", ".join(f"{v:.2f}" for v in m["p99_ms_all"])
+                + ")"
+            )
         print(f"| {peer} | {wl} | {conc or '-'} | {dur} | {figure} | dup {m.get('dup', '-')} |")
     series = defaultdict(list)
     for (peer, wl, conc, dur), m in med.items():
