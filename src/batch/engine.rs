@@ -403,7 +403,6 @@ impl Engine {
                 Ok(ChildOutcome::Created(_) | ChildOutcome::Adopted(_)) => continue,
                 Ok(ChildOutcome::Leased { child, step_action }) => {
                     leased.push(super::in_chunk::LeasedChild {
-                        child,
                         // Started by the creating transaction (`ChildOutcome::Leased`).
                         job: crate::jobs::Job {
                             id: child,
@@ -418,7 +417,6 @@ impl Engine {
                             updated_at: created_at,
                             finished_at: None,
                         },
-                        step: spec.step_index,
                         lease: step_action,
                         max_attempts: spec.step.max_attempts,
                         group: spec.step.group.clone(),

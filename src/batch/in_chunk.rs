@@ -31,10 +31,8 @@ use tokio::task::JoinSet;
 /// A child whose step action the chunk run leased.
 #[derive(Debug, Clone)]
 pub(crate) struct LeasedChild {
-    pub(crate) child: i64,
     /// The child as its creating transaction left it: started, at its first step.
     pub(crate) job: crate::jobs::Job,
-    pub(crate) step: i32,
     pub(crate) lease: Lease,
     pub(crate) max_attempts: i32,
     pub(crate) group: Option<String>,
@@ -111,7 +109,7 @@ impl Engine {
             let ctx = ActionContext {
                 action_id: c.lease.id,
                 hook: crate::jobs::STEP_HOOK.to_string(),
-                args: serde_json::json!({"job": c.child, "step": c.step}),
+                args: serde_json::json!({"job": c.job.id, "step": c.job.step_index}),
                 group: c.group.clone(),
                 attempt: 1,
                 max_attempts: c.max_attempts,
@@ -181,7 +179,7 @@ impl Engine {
                     };
                     let finish = finish_for(end, run, &facts.backoff, self.clock.now());
                     if let Finish::Fail { error } | Finish::Retry { error, .. } = &finish {
-                        tracing::warn!(job_id = c.child, action_id = c.lease.id, %error, "child step run in its chunk failed");
+                        tracing::warn!(job_id = c.job.id, action_id = c.lease.id, %error, "child step run in its chunk failed");
                     }
                     writes.push((c.lease, finish));
                 }

@@ -219,9 +219,10 @@ pub struct ChildSpec {
     /// When set, [`crate::Store::create_children`] leases the new child's step action to this
     /// run in the same transaction, as a claim would (running, token + 1, attempt + 1, a
     /// `started` log entry), starts the child (`processing`), and reports
-    /// [`ChildOutcome::Leased`]: the chunk run that created the child runs its step itself ([`crate::Pipeline::children_in_chunk`]). A step action
-    /// in a paused or limited group is left pending for the runners (`Created`). The one-row
-    /// path ([`crate::Store::create_child`]) ignores it.
+    /// [`ChildOutcome::Leased`]: the chunk run that created the child runs its step itself
+    /// ([`crate::Pipeline::children_in_chunk`]). A step action in a paused or limited group is
+    /// left pending for the runners (`Created`). The one-row path
+    /// ([`crate::Store::create_child`]) ignores it.
     pub run_by: Option<RunBy>,
 }
 
