@@ -35,3 +35,105 @@ async fn start_steps_looks_jobs_up_by_id_not_by_status() {
         "the start walked the pending jobs: {plan:?}"
     );
 }
+
+/// A migrated store in a temporary directory (kept alive by the returned guard).
+async fn migrated() -> (tempfile::TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("t.db").display());
+    let store = SqliteStore::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
+    (dir, store)
+}
+
+/// The plan of a built statement (every bind as NULL).
+async fn plan_of(
+    store: &SqliteStore,
+    qb: sqlx::QueryBuilder<'static, sqlx::Sqlite>,
+) -> Vec<String> {
+    let sql = qb.sql().to_string();
+    plan(store, &sql, sql.matches('?').count()).await
+}
+
+#[tokio::test]
+async fn hook_queries_over_active_actions_walk_the_active_hook_index() {
+    use crate::action::{ActionFilter, ActionQuery};
+    use crate::search::{ActionSearch, ActionSort};
+    use crate::state::ActionStatus;
+    let (_dir, store) = migrated().await;
+    let by_hook = ActionFilter {
+        hook: Some("h".into()),
+        ..ActionFilter::default()
+    };
+    let uses = |plan: &[String]| {
+        plan.iter()
+            .any(|p| p.contains("USING INDEX dockhand_actions_hook_active (hook=?"))
+    };
+    let p = plan_of(&store, super::query::next_scheduled_sql(&by_hook).unwrap()).await;
+    assert!(uses(&p), "next_scheduled by hook: {p:?}");
+    for statuses in [
+        vec![ActionStatus::Pending],
+        vec![ActionStatus::Running],
+        vec![ActionStatus::Pending, ActionStatus::Running],
+    ] {
+        let q = ActionQuery {
+            filter: by_hook.clone(),
+            statuses: statuses.clone(),
+            ..ActionQuery::default()
+        };
+        let p = plan_of(&store, super::query::query_sql(&q).unwrap()).await;
+        assert!(uses(&p), "query {statuses:?} by hook: {p:?}");
+    }
+    for status in [ActionStatus::Pending, ActionStatus::Running] {
+        let s = ActionSearch {
+            status: Some(status),
+            hook: Some("h".into()),
+            sort: ActionSort::Scheduled,
+            ..ActionSearch::default()
+        };
+        let p = plan_of(&store, super::ui::search_sql(&s).unwrap()).await;
+        assert!(uses(&p), "dashboard {status:?} tab by hook: {p:?}");
+    }
+    // Finished actions by hook walk the finished index of their status, never the table.
+    let s = ActionSearch {
+        status: Some(ActionStatus::Complete),
+        hook: Some("h".into()),
+        sort: ActionSort::FinishedDesc,
+        ..ActionSearch::default()
+    };
+    let p = plan_of(&store, super::ui::search_sql(&s).unwrap()).await;
+    assert!(
+        p.iter()
+            .any(|l| l.contains("USING INDEX dockhand_actions_finished_by_status")),
+        "dashboard complete tab by hook: {p:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_groups_queries_walk_the_grouped_index() {
+    use crate::search::{ActionSearch, ActionSort};
+    use crate::state::ActionStatus;
+    let (_dir, store) = migrated().await;
+    let s = ActionSearch {
+        status: Some(ActionStatus::Pending),
+        group: Some(Some("g".into())),
+        sort: ActionSort::Scheduled,
+        ..ActionSearch::default()
+    };
+    let p = plan_of(&store, super::ui::search_sql(&s).unwrap()).await;
+    assert!(
+        p.iter()
+            .any(|l| l.contains("USING INDEX dockhand_actions_group_sched (group_name=?")),
+        "dashboard pending tab of a group: {p:?}"
+    );
+    let p = plan(
+        &store,
+        "SELECT count(*) FROM dockhand_actions WHERE group_name = ? AND status = 'running'",
+        1,
+    )
+    .await;
+    assert!(
+        p.iter()
+            .any(|l| l.contains("USING COVERING INDEX dockhand_actions_group_sched")),
+        "running count of a group: {p:?}"
+    );
+}

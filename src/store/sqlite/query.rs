@@ -74,8 +74,13 @@ fn action_from_row(row: &SqliteRow) -> Result<Action> {
     })
 }
 
+/// The condition of `dockhand_actions_hook_active` (migration 0018). SQLite uses a partial
+/// index only for a query that names its condition, so a query by hook over pending or running
+/// actions appends it (redundant with the query's own status condition).
+pub(super) const HOOK_ACTIVE: &str = " AND status IN ('pending', 'running')";
+
 /// Appends ` AND …` conditions for a hook/args/group filter.
-fn push_filter(qb: &mut QueryBuilder<'_, Sqlite>, f: &ActionFilter) -> Result<()> {
+fn push_filter(qb: &mut QueryBuilder<'static, Sqlite>, f: &ActionFilter) -> Result<()> {
     if let Some(h) = &f.hook {
         qb.push(" AND hook = ").push_bind(h.clone());
     }
@@ -89,6 +94,16 @@ fn push_filter(qb: &mut QueryBuilder<'_, Sqlite>, f: &ActionFilter) -> Result<()
 }
 
 pub(super) async fn query(store: &SqliteStore, q: &ActionQuery) -> Result<Vec<Action>> {
+    let rows = query_sql(q)?
+        .build()
+        .fetch_all(&store.reader)
+        .await
+        .map_err(Error::db("query"))?;
+    rows.iter().map(action_from_row).collect()
+}
+
+/// The statement of [`query`].
+pub(super) fn query_sql(q: &ActionQuery) -> Result<QueryBuilder<'static, Sqlite>> {
     let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
         "SELECT {COLUMNS} FROM dockhand_actions WHERE 1 = 1"
     ));
@@ -100,6 +115,10 @@ pub(super) async fn query(store: &SqliteStore, q: &ActionQuery) -> Result<Vec<Ac
             sep.push_bind(s.as_str());
         }
         qb.push(")");
+        let active = |s: &ActionStatus| matches!(s, ActionStatus::Pending | ActionStatus::Running);
+        if q.filter.hook.is_some() && q.statuses.iter().all(active) {
+            qb.push(HOOK_ACTIVE);
+        }
     }
     for (col, op, t) in [
         ("scheduled_at", ">=", q.scheduled_from),
@@ -130,12 +149,7 @@ pub(super) async fn query(store: &SqliteStore, q: &ActionQuery) -> Result<Vec<Ac
         .push_bind(q.limit.max(0))
         .push(" OFFSET ")
         .push_bind(q.offset.max(0));
-    let rows = qb
-        .build()
-        .fetch_all(&store.reader)
-        .await
-        .map_err(Error::db("query"))?;
-    rows.iter().map(action_from_row).collect()
+    Ok(qb)
 }
 
 pub(super) async fn get(store: &SqliteStore, id: i64) -> Result<Option<Action>> {
@@ -232,23 +246,31 @@ pub(super) async fn next_scheduled(
     store: &SqliteStore,
     f: &ActionFilter,
 ) -> Result<Option<DateTime<Utc>>> {
+    let t: Option<i64> = next_scheduled_sql(f)?
+        .build_query_scalar()
+        .fetch_one(&store.reader)
+        .await
+        .map_err(Error::db("next_scheduled"))?;
+    Ok(t.map(from_ms))
+}
+
+/// The statement of [`next_scheduled`].
+pub(super) fn next_scheduled_sql(f: &ActionFilter) -> Result<QueryBuilder<'static, Sqlite>> {
     let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
         "SELECT MIN(t) FROM (SELECT MIN(scheduled_at) AS t FROM dockhand_actions
          WHERE status = 'pending'",
     );
     push_filter(&mut qb, f)?;
+    if f.hook.is_some() {
+        qb.push(HOOK_ACTIVE);
+    }
     qb.push(
         " UNION ALL SELECT MIN(next_run_at) AS t FROM dockhand_schedules
          WHERE enabled = 1 AND next_run_at IS NOT NULL",
     );
     push_filter(&mut qb, f)?;
     qb.push(")");
-    let t: Option<i64> = qb
-        .build_query_scalar()
-        .fetch_one(&store.reader)
-        .await
-        .map_err(Error::db("next_scheduled"))?;
-    Ok(t.map(from_ms))
+    Ok(qb)
 }
 
 pub(super) async fn unschedule(
@@ -270,6 +292,9 @@ pub(super) async fn unschedule(
         QueryBuilder::new("UPDATE dockhand_actions SET status = 'canceled', finished_at = ");
     qb.push_bind(ms(now)).push(" WHERE status = 'pending'");
     push_filter(&mut qb, f)?;
+    if f.hook.is_some() {
+        qb.push(HOOK_ACTIVE);
+    }
     qb.push(" RETURNING id");
     let ids: Vec<i64> = qb
         .build_query_scalar()

@@ -24,6 +24,12 @@ fn push_filters(qb: &mut QueryBuilder<'_, Sqlite>, s: &ActionSearch) -> Result<(
     }
     if let Some(h) = &s.hook {
         qb.push(" AND hook = ").push_bind(h.clone());
+        if matches!(
+            s.status,
+            Some(ActionStatus::Pending | ActionStatus::Running)
+        ) {
+            qb.push(super::query::HOOK_ACTIVE);
+        }
     }
     match &s.group {
         Some(Some(g)) => {
@@ -148,6 +154,20 @@ pub(super) fn summary_columns() -> String {
 
 pub(super) async fn search_actions(store: &SqliteStore, s: &ActionSearch) -> Result<ActionPage> {
     s.validate()?;
+    let rows = search_sql(s)?
+        .build()
+        .fetch_all(&store.reader)
+        .await
+        .map_err(Error::db("search actions"))?;
+    let rows = rows
+        .iter()
+        .map(summary_from_row)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ActionPage::assemble(s, rows))
+}
+
+/// The statement of [`search_actions`] (one page and one row more).
+pub(super) fn search_sql(s: &ActionSearch) -> Result<QueryBuilder<'static, Sqlite>> {
     let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
         "SELECT {} FROM dockhand_actions WHERE 1 = 1",
         summary_columns()
@@ -163,16 +183,7 @@ pub(super) async fn search_actions(store: &SqliteStore, s: &ActionSearch) -> Res
     let order: Vec<String> = cols.iter().map(|c| format!("{c} {dir}")).collect();
     qb.push(format!(" ORDER BY {} LIMIT ", order.join(", ")))
         .push_bind(s.limit + 1);
-    let rows = qb
-        .build()
-        .fetch_all(&store.reader)
-        .await
-        .map_err(Error::db("search actions"))?;
-    let rows = rows
-        .iter()
-        .map(summary_from_row)
-        .collect::<Result<Vec<_>>>()?;
-    Ok(ActionPage::assemble(s, rows))
+    Ok(qb)
 }
 
 pub(super) async fn count_actions(

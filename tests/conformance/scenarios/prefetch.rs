@@ -449,13 +449,32 @@ pub async fn store_finish_and_claim_guards_each_completion_and_claims_in_order(d
         .await
         .unwrap();
     assert!(round.finished.is_empty());
+    let claimed = round.claimed.unwrap();
     assert_eq!(
-        round
-            .claimed
-            .unwrap()
-            .iter()
-            .map(|a| a.id)
-            .collect::<Vec<_>>(),
+        claimed.iter().map(|a| a.id).collect::<Vec<_>>(),
         vec![later[1]]
+    );
+    // Completions only, every lease held (SQLite's one-count path): all applied, logged, and
+    // the claim in the same round finds nothing left.
+    let items = vec![
+        (claimed[0].lease(), Finish::Complete),
+        (first[2].lease(), Finish::Complete),
+    ];
+    let round = db
+        .store
+        .finish_and_claim(&items, &req(5, at), at)
+        .await
+        .unwrap();
+    assert_eq!(
+        round.finished,
+        vec![FinishResult::Applied, FinishResult::Applied]
+    );
+    assert!(round.claimed.unwrap().is_empty());
+    for id in [later[1], first[2].id] {
+        assert_eq!(q.get(id).await.unwrap().status, ActionStatus::Complete);
+    }
+    assert_eq!(
+        events(later[1]).await,
+        ["created", "started", "retry", "started", "completed"]
     );
 }
