@@ -13,6 +13,9 @@
 use super::db::Fresh;
 use super::{BenchArgs, Measurement, Workload};
 use crate::cli::CliError;
+use crate::search::{ActionSearch, ActionSort};
+use crate::state::ActionStatus;
+use crate::store::DynStore;
 use crate::{ActionSpec, HandlerError, Queue, Runtime};
 use serde_json::json;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -76,7 +79,7 @@ pub(super) async fn run(
             let runtime = runtime(fresh, a, move |i| c.ran(i)).await?;
             let start = Instant::now();
             let handle = runtime.start().await?;
-            let done = wait_all(&counter, &queue, a.n).await;
+            let done = wait_all(&counter, &fresh.store, a.n).await;
             m.secs = start.elapsed().as_secs_f64();
             handle.shutdown().await;
             done?;
@@ -118,7 +121,7 @@ async fn w3(fresh: &Fresh, a: &BenchArgs, mut m: Measurement) -> Result<Measurem
             lock(&enqueued)[i as usize] = Some(Instant::now());
             runtime.queue().enqueue(spec(i)).await?;
         }
-        wait_all(&counter, runtime.queue(), W3_JOBS).await?;
+        wait_all(&counter, &fresh.store, W3_JOBS).await?;
         Ok::<_, CliError>(begin.elapsed())
     }
     .await;
@@ -198,13 +201,19 @@ where
     Ok(runtime)
 }
 
-/// Waits until every job's handler has started once, then until `stats` counts `n` complete.
-async fn wait_all(counter: &RunCounter, queue: &Queue, n: u32) -> Result<(), CliError> {
+/// Waits until every job's handler has started once, then until `n` actions are complete.
+/// The count walks the finished actions' index (`count_actions`, capped at `n`) rather than
+/// `stats`, which groups the whole table: at the end of a 0.2 s drain each `stats` took ~6 ms
+/// of the measured time.
+async fn wait_all(counter: &RunCounter, store: &DynStore, n: u32) -> Result<(), CliError> {
     counter.all_ran.notified().await;
+    let complete = ActionSearch {
+        status: Some(ActionStatus::Complete),
+        sort: ActionSort::FinishedDesc,
+        ..ActionSearch::default()
+    };
     loop {
-        let stats = queue.stats().await?;
-        let complete = stats.by_status.get("complete").copied().unwrap_or(0);
-        if complete >= i64::from(n) {
+        if store.count_actions(&complete, i64::from(n)).await?.n >= i64::from(n) {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
