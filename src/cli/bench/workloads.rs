@@ -1,7 +1,6 @@
 //! The DESIGN §10 workloads, through the public API only.
 //!
-//! - W1: N × [`Queue::enqueue`] of `{"n": i}`, sequentially, one task (the store is used
-//!   directly only to count: the end checks below).
+//! - W1: N × [`Queue::enqueue`] of `{"n": i}`, sequentially, one task.
 //! - W1b: the same N rows through [`Queue::enqueue_bulk`], [`BULK_BATCH`] per call.
 //! - W2: N pending no-op actions (bulk-enqueued before the timer), a [`Runtime`] with C slots
 //!   and a 10 ms poll interval; the timer runs from `start()` until every handler ran and N
