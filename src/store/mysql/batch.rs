@@ -9,7 +9,7 @@
 //! [`enqueue_one`] inside it and runners are woken after the commit. Claim tokens are matched
 //! exactly (`CAST(… AS BINARY)`), never with the trailing-space padding of `=`.
 
-use super::claim::push_list;
+use super::claim::push_in;
 use super::connect::retry_deadlocks;
 use super::enqueue::{batch_group, enqueue_one};
 use super::fence::{
@@ -320,17 +320,16 @@ pub(super) async fn lease_work(
             .push_bind(ms(lease_until))
             .push(" WHERE parent_id = ")
             .push_bind(parent)
-            .push(" AND idx IN (");
-        push_list(&mut qb, &picked);
-        qb.push(")");
+            .push(" AND idx");
+        push_in(&mut qb, &picked);
         qb.build().execute(&mut *tx).await.map_err(Error::db(op))?;
         let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
             "SELECT parent_id, idx, payload_ref, sidecar, attempts FROM dockhand_worklist
              WHERE parent_id = ",
         );
-        qb.push_bind(parent).push(" AND idx IN (");
-        push_list(&mut qb, &picked);
-        qb.push(") ORDER BY idx");
+        qb.push_bind(parent).push(" AND idx");
+        push_in(&mut qb, &picked);
+        qb.push(" ORDER BY idx");
         let rows = qb
             .build()
             .fetch_all(&mut *tx)

@@ -12,7 +12,7 @@
 //! transaction.
 
 use super::batch::{chunk_fence, discard_row, push_token_in, refusal};
-use super::claim::push_list;
+use super::claim::push_in;
 use super::connect::retry_deadlocks;
 use super::fence::{job_status, read_parent, TOKENS_PER_STATEMENT};
 use super::grouped::start_pending;
@@ -120,9 +120,8 @@ async fn existing(
 ) -> Result<HashMap<i32, i64>> {
     let mut qb: QueryBuilder<MySql> =
         QueryBuilder::new("SELECT child_index, id FROM dockhand_jobs WHERE parent_id = ");
-    qb.push_bind(parent).push(" AND child_index IN (");
-    push_list(&mut qb, idxs);
-    qb.push(")");
+    qb.push_bind(parent).push(" AND child_index");
+    push_in(&mut qb, idxs);
     let rows = qb
         .build()
         .fetch_all(&mut *conn)
@@ -166,9 +165,9 @@ async fn create_in_tx(
     let existing = existing(conn, parent, &idxs).await?;
     let mut qb: QueryBuilder<MySql> =
         QueryBuilder::new("SELECT idx, state FROM dockhand_worklist WHERE parent_id = ");
-    qb.push_bind(parent).push(" AND idx IN (");
-    push_list(&mut qb, &idxs);
-    qb.push(") ORDER BY idx FOR UPDATE");
+    qb.push_bind(parent).push(" AND idx");
+    push_in(&mut qb, &idxs);
+    qb.push(" ORDER BY idx FOR UPDATE");
     let mut rows: HashMap<i32, String> = HashMap::new();
     for r in qb
         .build()
@@ -407,9 +406,8 @@ async fn insert_children(
              w.lease_until = NULL
          WHERE w.parent_id = ",
     );
-    qb.push_bind(parent).push(" AND w.idx IN (");
-    push_list(&mut qb, &made);
-    qb.push(")");
+    qb.push_bind(parent).push(" AND w.idx");
+    push_in(&mut qb, &made);
     qb.build()
         .execute(&mut *conn)
         .await
@@ -517,9 +515,8 @@ async fn lease_steps(
             .push_bind(ms(by.lease_until))
             .push(", started_at = ")
             .push_bind(ms(now))
-            .push(" WHERE status = 'pending' AND id IN (");
-        push_list(&mut qb, part);
-        qb.push(")");
+            .push(" WHERE status = 'pending' AND id");
+        push_in(&mut qb, part);
         qb.build()
             .execute(&mut *conn)
             .await

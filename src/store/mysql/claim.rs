@@ -77,9 +77,8 @@ pub(super) async fn claim_on(
         .push_bind(ms(req.lease_until))
         .push(", started_at = ")
         .push_bind(ms(req.now))
-        .push(" WHERE status = 'pending' AND id IN (");
-    push_list(&mut qb, &ids);
-    qb.push(")");
+        .push(" WHERE status = 'pending' AND id");
+    push_in(&mut qb, &ids);
     qb.build()
         .execute(&mut *conn)
         .await
@@ -200,6 +199,16 @@ pub(super) async fn pick(
             })
         })
         .collect()
+}
+
+/// Appends ` IN (v, v, …)`, every value a bound parameter.
+pub(super) fn push_in<'a, T>(qb: &mut QueryBuilder<'a, MySql>, values: &[T])
+where
+    T: Copy + Send + 'a + sqlx::Encode<'a, MySql> + sqlx::Type<MySql>,
+{
+    qb.push(" IN (");
+    push_list(qb, values);
+    qb.push(")");
 }
 
 /// Appends `v, v, …` as bound parameters (the inside of an `IN (…)` list).

@@ -2,7 +2,7 @@
 //! live jobs ([`crate::Store::renew_claims`]) and releasing the claims superseded step runs took
 //! ([`crate::Store::release_superseded_claims`]) — and the step-run fence a claim takes.
 
-use super::claim::push_list;
+use super::claim::push_in;
 use super::connect::retry_deadlocks;
 use super::{ms, MySqlStore};
 use crate::claims::ClaimRun;
@@ -43,9 +43,8 @@ pub(super) async fn renew_claims(
         let mut qb: QueryBuilder<MySql> =
             QueryBuilder::new("UPDATE dockhand_item_claims SET expires_at = ");
         qb.push_bind(ms(now))
-            .push(" + ttl_ms WHERE status = 'claimed' AND ttl_ms IS NOT NULL AND id IN (");
-        push_list(&mut qb, ids);
-        qb.push(")");
+            .push(" + ttl_ms WHERE status = 'claimed' AND ttl_ms IS NOT NULL AND id");
+        push_in(&mut qb, ids);
         let done = qb
             .build()
             .execute(store.pool())
@@ -154,9 +153,8 @@ pub(super) async fn release_in_tx(
     let mut released = 0;
     for chunk in ids.chunks(500) {
         let mut qb: QueryBuilder<MySql> =
-            QueryBuilder::new("DELETE FROM dockhand_item_claims WHERE id IN (");
-        push_list(&mut qb, chunk);
-        qb.push(")");
+            QueryBuilder::new("DELETE FROM dockhand_item_claims WHERE id");
+        push_in(&mut qb, chunk);
         released += qb
             .build()
             .execute(&mut *tx)

@@ -1,7 +1,7 @@
 //! MySQL: the lifecycle-event outbox (one row per job, rewritten on each transition; a
 //! delivery marks it).
 
-use super::claim::push_list;
+use super::claim::push_in;
 use super::connect::retry_deadlocks;
 use super::jobs::{opt_text, text};
 use super::{from_ms, ms, MySqlStore};
@@ -78,9 +78,8 @@ pub(super) async fn mark_events_delivered(
         let mut qb: sqlx::QueryBuilder<sqlx::MySql> =
             sqlx::QueryBuilder::new("UPDATE dockhand_job_events SET delivered_at = ");
         qb.push_bind(ms(now))
-            .push(" WHERE delivered_at IS NULL AND id IN (");
-        push_list(&mut qb, event_ids);
-        qb.push(")");
+            .push(" WHERE delivered_at IS NULL AND id");
+        push_in(&mut qb, event_ids);
         let done = qb
             .build()
             .execute(store.pool())

@@ -10,7 +10,7 @@
 //! each guard on the locked rows, then write every completion in one UPDATE, every release in
 //! another, the rest row by row, and all log rows in one multi-row insert.
 
-use super::claim::push_list;
+use super::claim::push_in;
 use super::enqueue::enqueue_one;
 use super::{ms, opt_text, retry_deadlocks, text, MySqlStore};
 use crate::error::{Error, Result};
@@ -95,9 +95,9 @@ pub(super) async fn enqueue_followups(
         "SELECT id, hook, args, group_name, priority, attempt, max_attempts
          FROM dockhand_actions WHERE hook = ",
     );
-    qb.push_bind(STEP_HOOK).push(" AND id IN (");
-    push_list(&mut qb, ids);
-    qb.push(") ORDER BY id");
+    qb.push_bind(STEP_HOOK).push(" AND id");
+    push_in(&mut qb, ids);
+    qb.push(" ORDER BY id");
     let rows = qb
         .build()
         .fetch_all(&mut *tx)
@@ -211,9 +211,9 @@ pub(super) async fn finish_chunk(
     ids.sort_unstable();
     ids.dedup();
     let mut qb: QueryBuilder<MySql> =
-        QueryBuilder::new("SELECT id, lease_token, status FROM dockhand_actions WHERE id IN (");
-    push_list(&mut qb, &ids);
-    qb.push(") ORDER BY id FOR UPDATE");
+        QueryBuilder::new("SELECT id, lease_token, status FROM dockhand_actions WHERE id");
+    push_in(&mut qb, &ids);
+    qb.push(" ORDER BY id FOR UPDATE");
     let rows = qb
         .build()
         .fetch_all(&mut *tx)
@@ -284,9 +284,8 @@ pub(super) async fn finish_chunk(
                 qb.push(set);
             }
         }
-        qb.push(" WHERE status = 'running' AND id IN (");
-        push_list(&mut qb, ids);
-        qb.push(")");
+        qb.push(" WHERE status = 'running' AND id");
+        push_in(&mut qb, ids);
         let n = qb
             .build()
             .execute(&mut *tx)

@@ -16,7 +16,7 @@
 //! completes the job's claims (a claim with a completion handler runs it and is settled at once
 //! on the same transaction; the handler-less ones are settled together), failure releases them.
 
-use super::claim::push_list;
+use super::claim::{push_in, push_list};
 use super::claims::{config_from, settle};
 use super::finish::finish_chunk;
 use super::jobs::{job_from_row, opt_text, text, JOB_COLUMNS};
@@ -233,9 +233,8 @@ async fn write_set(
 ) -> Result<u64> {
     let op = "finish_jobs";
     for chunk in writes.deleted.chunks(IDS_PER_STATEMENT) {
-        let mut qb = QueryBuilder::<MySql>::new("DELETE FROM dockhand_item_claims WHERE id IN (");
-        push_list(&mut qb, chunk);
-        qb.push(")");
+        let mut qb = QueryBuilder::<MySql>::new("DELETE FROM dockhand_item_claims WHERE id");
+        push_in(&mut qb, chunk);
         qb.build()
             .execute(&mut *tx)
             .await
@@ -245,9 +244,8 @@ async fn write_set(
         let mut qb = QueryBuilder::<MySql>::new(
             "UPDATE dockhand_item_claims SET status = 'processed', token = NULL, processed_at = ",
         );
-        qb.push_bind(ms(now)).push(" WHERE id IN (");
-        push_list(&mut qb, chunk);
-        qb.push(")");
+        qb.push_bind(ms(now)).push(" WHERE id");
+        push_in(&mut qb, chunk);
         qb.build()
             .execute(&mut *tx)
             .await
@@ -265,9 +263,8 @@ async fn write_set(
             .push_bind(ms(now))
             .push(" WHERE status = ")
             .push_bind(*was)
-            .push(" AND id IN (");
-        push_list(&mut qb, ids);
-        qb.push(")");
+            .push(" AND id");
+        push_in(&mut qb, ids);
         moved += qb
             .build()
             .execute(&mut *tx)

@@ -8,7 +8,7 @@
 //! id order, with the summed deltas ([`super::fence::child_finished`]). A deadlock
 //! re-runs the whole group ([`retry_deadlocks`]).
 
-use super::claim::push_list;
+use super::claim::{push_in, push_list};
 use super::connect::retry_deadlocks;
 use super::fence::child_finished;
 use super::finish_set::finish_set;
@@ -152,9 +152,8 @@ pub(super) async fn start_pending(
     let mut qb =
         QueryBuilder::<MySql>::new("UPDATE dockhand_jobs SET status = 'processing', updated_at = ");
     qb.push_bind(ms(now));
-    qb.push(" WHERE status = 'pending' AND id IN (");
-    push_list(&mut qb, ids);
-    qb.push(")");
+    qb.push(" WHERE status = 'pending' AND id");
+    push_in(&mut qb, ids);
     let done = qb
         .build()
         .execute(&mut *conn)

@@ -4,7 +4,7 @@
 //! write it by id in the same transaction, so several processes running them at once take
 //! disjoint rows without waiting.
 
-use super::claim::push_list;
+use super::claim::{push_in, push_list};
 use super::finish::enqueue_followups;
 use super::{ms, retry_deadlocks, text, MySqlStore};
 use crate::error::{Error, Result};
@@ -127,17 +127,16 @@ pub(super) async fn prune(store: &MySqlStore, c: &PruneCutoffs) -> Result<u64> {
             return Ok(0);
         }
         let mut qb: QueryBuilder<MySql> =
-            QueryBuilder::new("DELETE FROM dockhand_action_logs WHERE action_id IN (");
-        push_list(&mut qb, &ids);
-        qb.push(")");
+            QueryBuilder::new("DELETE FROM dockhand_action_logs WHERE action_id");
+        push_in(&mut qb, &ids);
         qb.build()
             .execute(&mut *tx)
             .await
             .map_err(Error::db("prune (logs)"))?;
         let mut qb: QueryBuilder<MySql> =
-            QueryBuilder::new("DELETE FROM dockhand_actions WHERE id IN (");
-        push_list(&mut qb, &ids);
-        qb.push(") AND status IN ('complete', 'canceled', 'failed')");
+            QueryBuilder::new("DELETE FROM dockhand_actions WHERE id");
+        push_in(&mut qb, &ids);
+        qb.push(" AND status IN ('complete', 'canceled', 'failed')");
         let done = qb
             .build()
             .execute(&mut *tx)

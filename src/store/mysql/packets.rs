@@ -1,6 +1,6 @@
 //! MySQL: content-addressed packets (a step's output bodies, stored once per hash).
 
-use super::claim::push_list;
+use super::claim::push_in;
 use super::connect::retry_deadlocks;
 use super::jobs::text;
 use super::{ms, MySqlStore};
@@ -97,9 +97,8 @@ pub(super) async fn packet_bodies(
     let mut found = HashMap::with_capacity(hashes.len());
     for part in hashes.chunks(HASHES_PER_STATEMENT) {
         let mut qb: QueryBuilder<MySql> =
-            QueryBuilder::new("SELECT hash, body FROM dockhand_packets WHERE hash IN (");
-        push_list(&mut qb, part);
-        qb.push(")");
+            QueryBuilder::new("SELECT hash, body FROM dockhand_packets WHERE hash");
+        push_in(&mut qb, part);
         let rows = qb
             .build()
             .fetch_all(store.pool())

@@ -2,7 +2,7 @@
 //!
 //! Args filters compare the canonical JSON text (`encode_args` sorts object keys), like SQLite.
 
-use super::claim::push_list;
+use super::claim::push_in;
 use super::{from_ms, ms, opt_text, retry_deadlocks, text, MySqlStore};
 use crate::action::{encode_args, Action, ActionFilter, ActionLog, ActionOrder, ActionQuery};
 use crate::error::{Error, Result};
@@ -266,9 +266,8 @@ pub(super) async fn unschedule(
                 "UPDATE dockhand_actions SET status = 'canceled', active_key = NULL, finished_at = ",
             );
             qb.push_bind(ms(now))
-                .push(" WHERE status = 'pending' AND id IN (");
-            push_list(&mut qb, chunk);
-            qb.push(")");
+                .push(" WHERE status = 'pending' AND id");
+            push_in(&mut qb, chunk);
             qb.build()
                 .execute(&mut *tx)
                 .await

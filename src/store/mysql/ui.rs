@@ -5,7 +5,7 @@
 //! ids `FOR UPDATE` first, in one transaction run inside [`retry_deadlocks`].
 
 use super::args_match::push_args_contains;
-use super::claim::push_list;
+use super::claim::{push_in, push_list};
 use super::query::{LOG_FROM_ROW, LOG_FROM_ROW_BINDS};
 use super::{from_ms, ms, opt_text, retry_deadlocks, text, MySqlStore};
 use crate::action::ActionLog;
@@ -312,10 +312,9 @@ async fn lock_ids(
     cond: &str,
     op: &'static str,
 ) -> Result<Vec<i64>> {
-    let mut qb: QueryBuilder<MySql> =
-        QueryBuilder::new("SELECT id FROM dockhand_actions WHERE id IN (");
-    push_list(&mut qb, ids);
-    qb.push(format!(") AND {cond} ORDER BY id FOR UPDATE"));
+    let mut qb: QueryBuilder<MySql> = QueryBuilder::new("SELECT id FROM dockhand_actions WHERE id");
+    push_in(&mut qb, ids);
+    qb.push(format!(" AND {cond} ORDER BY id FOR UPDATE"));
     qb.build_query_scalar()
         .fetch_all(conn)
         .await
@@ -337,9 +336,8 @@ async fn update_ids(
     let (head, tail) = set.split_once('?').unwrap_or((set, ""));
     let mut qb: QueryBuilder<MySql> = QueryBuilder::new("UPDATE dockhand_actions SET ");
     qb.push(head).push_bind(ms(now)).push(tail);
-    qb.push(" WHERE id IN (");
-    push_list(&mut qb, ids);
-    qb.push(")");
+    qb.push(" WHERE id");
+    push_in(&mut qb, ids);
     qb.build().execute(conn).await.map_err(Error::db(op))?;
     Ok(())
 }
@@ -459,9 +457,9 @@ pub(super) async fn run_now(
     let changed = retry_deadlocks("run now", || async move {
         let mut tx = store.begin("run now").await?;
         let mut qb: QueryBuilder<MySql> =
-            QueryBuilder::new("SELECT id FROM dockhand_actions WHERE id IN (");
-        push_list(&mut qb, ids);
-        qb.push(") AND status = 'pending' AND scheduled_at > ")
+            QueryBuilder::new("SELECT id FROM dockhand_actions WHERE id");
+        push_in(&mut qb, ids);
+        qb.push(" AND status = 'pending' AND scheduled_at > ")
             .push_bind(ms(now))
             .push(" ORDER BY id FOR UPDATE");
         let changed: Vec<i64> = qb
