@@ -74,15 +74,45 @@ fn action_from_row(row: &SqliteRow) -> Result<Action> {
     })
 }
 
-/// The condition of `dockhand_actions_hook_active` (migration 0018). SQLite uses a partial
-/// index only for a query that names its condition, so a query by hook over pending or running
-/// actions appends it (redundant with the query's own status condition).
-pub(super) const HOOK_ACTIVE: &str = " AND status IN ('pending', 'running')";
+/// Which actions a statement reads, for [`push_hook`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reads {
+    /// Only pending or running actions.
+    Active,
+    /// Any status (or not the actions table).
+    Any,
+}
+
+impl Reads {
+    /// `Active` when every status of `statuses` (none: any status) is pending or running.
+    pub(super) fn of(statuses: &[ActionStatus]) -> Self {
+        let active = |s: &ActionStatus| matches!(s, ActionStatus::Pending | ActionStatus::Running);
+        if !statuses.is_empty() && statuses.iter().all(active) {
+            Self::Active
+        } else {
+            Self::Any
+        }
+    }
+}
+
+/// Appends ` AND hook = ?`. A statement that reads only pending or running actions also names
+/// the condition of `dockhand_actions_hook_active` (migration 0018), redundant with its own
+/// status condition: SQLite uses a partial index only for a query that names its condition.
+pub(super) fn push_hook(qb: &mut QueryBuilder<'static, Sqlite>, hook: &str, reads: Reads) {
+    qb.push(" AND hook = ").push_bind(hook.to_string());
+    if reads == Reads::Active {
+        qb.push(" AND status IN ('pending', 'running')");
+    }
+}
 
 /// Appends ` AND …` conditions for a hook/args/group filter.
-fn push_filter(qb: &mut QueryBuilder<'static, Sqlite>, f: &ActionFilter) -> Result<()> {
+fn push_filter(
+    qb: &mut QueryBuilder<'static, Sqlite>,
+    f: &ActionFilter,
+    reads: Reads,
+) -> Result<()> {
     if let Some(h) = &f.hook {
-        qb.push(" AND hook = ").push_bind(h.clone());
+        push_hook(qb, h, reads);
     }
     if let Some(a) = &f.args {
         qb.push(" AND args = ").push_bind(encode_args(a)?);
@@ -107,7 +137,7 @@ pub(super) fn query_sql(q: &ActionQuery) -> Result<QueryBuilder<'static, Sqlite>
     let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
         "SELECT {COLUMNS} FROM dockhand_actions WHERE 1 = 1"
     ));
-    push_filter(&mut qb, &q.filter)?;
+    push_filter(&mut qb, &q.filter, Reads::of(&q.statuses))?;
     if !q.statuses.is_empty() {
         qb.push(" AND status IN (");
         let mut sep = qb.separated(", ");
@@ -115,10 +145,6 @@ pub(super) fn query_sql(q: &ActionQuery) -> Result<QueryBuilder<'static, Sqlite>
             sep.push_bind(s.as_str());
         }
         qb.push(")");
-        let active = |s: &ActionStatus| matches!(s, ActionStatus::Pending | ActionStatus::Running);
-        if q.filter.hook.is_some() && q.statuses.iter().all(active) {
-            qb.push(HOOK_ACTIVE);
-        }
     }
     for (col, op, t) in [
         ("scheduled_at", ">=", q.scheduled_from),
@@ -260,15 +286,12 @@ pub(super) fn next_scheduled_sql(f: &ActionFilter) -> Result<QueryBuilder<'stati
         "SELECT MIN(t) FROM (SELECT MIN(scheduled_at) AS t FROM dockhand_actions
          WHERE status = 'pending'",
     );
-    push_filter(&mut qb, f)?;
-    if f.hook.is_some() {
-        qb.push(HOOK_ACTIVE);
-    }
+    push_filter(&mut qb, f, Reads::Active)?;
     qb.push(
         " UNION ALL SELECT MIN(next_run_at) AS t FROM dockhand_schedules
          WHERE enabled = 1 AND next_run_at IS NOT NULL",
     );
-    push_filter(&mut qb, f)?;
+    push_filter(&mut qb, f, Reads::Any)?;
     qb.push(")");
     Ok(qb)
 }
@@ -283,7 +306,7 @@ pub(super) async fn unschedule(
         "UPDATE dockhand_schedules SET enabled = 0, next_run_at = NULL, updated_at = ",
     );
     qb.push_bind(ms(now)).push(" WHERE 1 = 1");
-    push_filter(&mut qb, f)?;
+    push_filter(&mut qb, f, Reads::Any)?;
     qb.build()
         .execute(&mut *tx)
         .await
@@ -291,10 +314,7 @@ pub(super) async fn unschedule(
     let mut qb: QueryBuilder<Sqlite> =
         QueryBuilder::new("UPDATE dockhand_actions SET status = 'canceled', finished_at = ");
     qb.push_bind(ms(now)).push(" WHERE status = 'pending'");
-    push_filter(&mut qb, f)?;
-    if f.hook.is_some() {
-        qb.push(HOOK_ACTIVE);
-    }
+    push_filter(&mut qb, f, Reads::Active)?;
     qb.push(" RETURNING id");
     let ids: Vec<i64> = qb
         .build_query_scalar()

@@ -3,7 +3,7 @@
 //! Each sort walks its own index (migration 0005); no query uses OFFSET.
 
 use super::args_match::push_args_contains;
-use super::query::LOG_FROM_ROW;
+use super::query::{push_hook, Reads, LOG_FROM_ROW};
 use super::{from_ms, ms, SqliteStore};
 use crate::action::ActionLog;
 use crate::error::{Error, Result};
@@ -18,18 +18,12 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
 
 /// Appends the search's filters (not its cursor) as ` AND …` conditions.
-fn push_filters(qb: &mut QueryBuilder<'_, Sqlite>, s: &ActionSearch) -> Result<()> {
+fn push_filters(qb: &mut QueryBuilder<'static, Sqlite>, s: &ActionSearch) -> Result<()> {
     if let Some(st) = s.status {
         qb.push(" AND status = ").push_bind(st.as_str());
     }
     if let Some(h) = &s.hook {
-        qb.push(" AND hook = ").push_bind(h.clone());
-        if matches!(
-            s.status,
-            Some(ActionStatus::Pending | ActionStatus::Running)
-        ) {
-            qb.push(super::query::HOOK_ACTIVE);
-        }
+        push_hook(qb, h, Reads::of(s.status.as_slice()));
     }
     match &s.group {
         Some(Some(g)) => {
