@@ -55,7 +55,7 @@ async fn plan_of(
 }
 
 #[tokio::test]
-async fn hook_queries_over_active_actions_walk_the_active_hook_index() {
+async fn hook_queries_walk_the_index_of_their_status() {
     use crate::action::{ActionFilter, ActionQuery};
     use crate::search::{ActionSearch, ActionSort};
     use crate::state::ActionStatus;
@@ -64,12 +64,17 @@ async fn hook_queries_over_active_actions_walk_the_active_hook_index() {
         hook: Some("h".into()),
         ..ActionFilter::default()
     };
-    let uses = |plan: &[String]| {
+    let pending = |plan: &[String]| {
         plan.iter()
-            .any(|p| p.contains("USING INDEX dockhand_actions_hook_active (hook=?"))
+            .any(|p| p.contains("INDEX dockhand_actions_hook_pending (hook=?"))
     };
+    let running = |plan: &[String]| {
+        plan.iter()
+            .any(|p| p.contains("INDEX dockhand_actions_lease"))
+    };
+    let scans_table = |plan: &[String]| plan.iter().any(|p| p == "SCAN dockhand_actions");
     let p = plan_of(&store, super::query::next_scheduled_sql(&by_hook).unwrap()).await;
-    assert!(uses(&p), "next_scheduled by hook: {p:?}");
+    assert!(pending(&p), "next_scheduled by hook: {p:?}");
     for statuses in [
         vec![ActionStatus::Pending],
         vec![ActionStatus::Running],
@@ -81,7 +86,19 @@ async fn hook_queries_over_active_actions_walk_the_active_hook_index() {
             ..ActionQuery::default()
         };
         let p = plan_of(&store, super::query::query_sql(&q).unwrap()).await;
-        assert!(uses(&p), "query {statuses:?} by hook: {p:?}");
+        let want_pending = statuses.contains(&ActionStatus::Pending);
+        let want_running = statuses.contains(&ActionStatus::Running);
+        assert_eq!(
+            pending(&p),
+            want_pending,
+            "query {statuses:?} by hook: {p:?}"
+        );
+        assert_eq!(
+            running(&p),
+            want_running,
+            "query {statuses:?} by hook: {p:?}"
+        );
+        assert!(!scans_table(&p), "query {statuses:?} by hook: {p:?}");
     }
     for status in [ActionStatus::Pending, ActionStatus::Running] {
         let s = ActionSearch {
@@ -91,7 +108,14 @@ async fn hook_queries_over_active_actions_walk_the_active_hook_index() {
             ..ActionSearch::default()
         };
         let p = plan_of(&store, super::ui::search_sql(&s).unwrap()).await;
-        assert!(uses(&p), "dashboard {status:?} tab by hook: {p:?}");
+        let walks = match status {
+            ActionStatus::Pending => pending(&p),
+            _ => running(&p),
+        };
+        assert!(
+            walks && !scans_table(&p),
+            "dashboard {status:?} tab by hook: {p:?}"
+        );
     }
     // Finished actions by hook walk the finished index of their status, never the table.
     let s = ActionSearch {

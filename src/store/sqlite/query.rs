@@ -75,19 +75,27 @@ fn action_from_row(row: &SqliteRow) -> Result<Action> {
 }
 
 /// Which actions a statement reads, for [`push_hook`].
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Reads {
-    /// Only pending or running actions.
+    /// Only pending actions.
+    Pending,
+    /// Only running actions.
+    Running,
+    /// Pending and running actions.
     Active,
     /// Any status (or not the actions table).
     Any,
 }
 
 impl Reads {
-    /// `Active` when every status of `statuses` (none: any status) is pending or running.
+    /// What a statement over `statuses` (none: any status) reads.
     pub(super) fn of(statuses: &[ActionStatus]) -> Self {
-        let active = |s: &ActionStatus| matches!(s, ActionStatus::Pending | ActionStatus::Running);
-        if !statuses.is_empty() && statuses.iter().all(active) {
+        let all = |f: fn(&ActionStatus) -> bool| !statuses.is_empty() && statuses.iter().all(f);
+        if all(|s| *s == ActionStatus::Pending) {
+            Self::Pending
+        } else if all(|s| *s == ActionStatus::Running) {
+            Self::Running
+        } else if all(|s| matches!(s, ActionStatus::Pending | ActionStatus::Running)) {
             Self::Active
         } else {
             Self::Any
@@ -95,13 +103,35 @@ impl Reads {
     }
 }
 
-/// Appends ` AND hook = ?`. A statement that reads only pending or running actions also names
-/// the condition of `dockhand_actions_hook_active` (migration 0018), redundant with its own
-/// status condition: SQLite uses a partial index only for a query that names its condition.
+/// Appends ` AND hook = ?`, with the status condition of the partial index that serves it
+/// (redundant with the statement's own, which is bound: SQLite uses a partial index only for a
+/// query that names its condition). Pending actions by hook walk `dockhand_actions_hook_pending`
+/// (migration 0019); running ones `dockhand_actions_lease` (running actions only, at most the
+/// slots at work); both, the two of them (ids from each, then looked up by id).
 pub(super) fn push_hook(qb: &mut QueryBuilder<'static, Sqlite>, hook: &str, reads: Reads) {
-    qb.push(" AND hook = ").push_bind(hook.to_string());
-    if reads == Reads::Active {
-        qb.push(" AND status IN ('pending', 'running')");
+    match reads {
+        Reads::Pending => {
+            qb.push(" AND hook = ")
+                .push_bind(hook.to_string())
+                .push(" AND status = 'pending'");
+        }
+        Reads::Running => {
+            qb.push(" AND hook = ")
+                .push_bind(hook.to_string())
+                .push(" AND status = 'running'");
+        }
+        Reads::Active => {
+            qb.push(
+                " AND id IN (SELECT id FROM dockhand_actions WHERE status = 'pending' AND hook = ",
+            )
+            .push_bind(hook.to_string())
+            .push(" UNION ALL SELECT id FROM dockhand_actions WHERE status = 'running' AND hook = ")
+            .push_bind(hook.to_string())
+            .push(")");
+        }
+        Reads::Any => {
+            qb.push(" AND hook = ").push_bind(hook.to_string());
+        }
     }
 }
 
@@ -286,7 +316,7 @@ pub(super) fn next_scheduled_sql(f: &ActionFilter) -> Result<QueryBuilder<'stati
         "SELECT MIN(t) FROM (SELECT MIN(scheduled_at) AS t FROM dockhand_actions
          WHERE status = 'pending'",
     );
-    push_filter(&mut qb, f, Reads::Active)?;
+    push_filter(&mut qb, f, Reads::Pending)?;
     qb.push(
         " UNION ALL SELECT MIN(next_run_at) AS t FROM dockhand_schedules
          WHERE enabled = 1 AND next_run_at IS NOT NULL",
@@ -314,7 +344,7 @@ pub(super) async fn unschedule(
     let mut qb: QueryBuilder<Sqlite> =
         QueryBuilder::new("UPDATE dockhand_actions SET status = 'canceled', finished_at = ");
     qb.push_bind(ms(now)).push(" WHERE status = 'pending'");
-    push_filter(&mut qb, f, Reads::Active)?;
+    push_filter(&mut qb, f, Reads::Pending)?;
     qb.push(" RETURNING id");
     let ids: Vec<i64> = qb
         .build_query_scalar()
