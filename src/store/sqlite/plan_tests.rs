@@ -161,3 +161,16 @@ async fn a_groups_queries_walk_the_grouped_index() {
         "running count of a group: {p:?}"
     );
 }
+
+#[test]
+fn reads_of_names_the_statuses_a_statement_reads() {
+    use super::query::Reads;
+    use crate::state::ActionStatus::*;
+    assert_eq!(Reads::of(&[]), Reads::Any);
+    assert_eq!(Reads::of(&[Pending]), Reads::Pending);
+    assert_eq!(Reads::of(&[Pending, Pending]), Reads::Pending);
+    assert_eq!(Reads::of(&[Running]), Reads::Running);
+    assert_eq!(Reads::of(&[Running, Pending]), Reads::Active);
+    assert_eq!(Reads::of(&[Pending, Complete]), Reads::Any);
+    assert_eq!(Reads::of(&[Failed]), Reads::Any);
+}

@@ -376,6 +376,41 @@ pub async fn store_query_filters_paging_and_order(db: TestDb) {
     })
     .await;
     assert_eq!(pending.len(), 9);
+    // By hook and status: each status set reads through its own index (SQLite 0019).
+    assert_eq!(
+        claimed[0].hook, "even",
+        "the one due action (i = 0) is claimed"
+    );
+    for (hook, statuses, want) in [
+        ("even", vec![ActionStatus::Running], 1),
+        ("even", vec![ActionStatus::Pending], 4),
+        (
+            "even",
+            vec![ActionStatus::Pending, ActionStatus::Running],
+            5,
+        ),
+        (
+            "even",
+            vec![ActionStatus::Running, ActionStatus::Complete],
+            1,
+        ),
+        ("odd", vec![ActionStatus::Running], 0),
+        ("odd", vec![ActionStatus::Pending, ActionStatus::Running], 5),
+    ] {
+        let found = run(ActionQuery {
+            filter: ActionFilter {
+                hook: Some(hook.into()),
+                ..Default::default()
+            },
+            statuses: statuses.clone(),
+            ..Default::default()
+        })
+        .await;
+        assert_eq!(found.len(), want, "hook {hook}, statuses {statuses:?}");
+        assert!(found
+            .iter()
+            .all(|a| a.hook == hook && statuses.contains(&a.status)));
+    }
     let created = run(ActionQuery {
         created_from: Some(t),
         created_to: Some(t + Duration::seconds(1)),
