@@ -14,7 +14,7 @@ use super::{
 use crate::claims::{hex, DEFAULT_CLAIM_TTL};
 use crate::error::{Error, Result};
 use crate::handler::{ActionContext, HandlerError, HandlerResult};
-use crate::jobs::engine::Engine;
+use crate::jobs::engine::{unless_lease_lost, Engine};
 use crate::jobs::packets;
 use crate::jobs::pipeline::{Packet, Pipeline};
 use crate::jobs::Job;
@@ -50,6 +50,7 @@ impl Engine {
         step: i32,
         packets_out: &[Packet],
         pipeline: &Pipeline,
+        fence: Lease,
     ) -> HandlerResult {
         let now = self.clock.now();
         let encoded = packets_out
@@ -68,16 +69,25 @@ impl Engine {
             })
             .collect();
         let chunk_size = pipeline.chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE).max(1);
-        self.fan_out_items(job.id, &items, chunk_size, step + 1, pipeline.priority)
-            .await
+        self.fan_out_items(
+            job.id,
+            Some(fence),
+            &items,
+            chunk_size,
+            step + 1,
+            pipeline.priority,
+        )
+        .await
     }
 
     /// B1 for prepared items: writes the worklist of `job_id` (children at `child_step`) and
     /// schedules the first chunk. The contract hashes the job, child step, chunk size, every
-    /// payload ref and claim token: an exact retry adopts, a different one is refused.
+    /// payload ref and claim token: an exact retry adopts, a different one is refused. With
+    /// `fence` (the lease of the step run that fans out), a run that lost it writes nothing.
     pub(crate) async fn fan_out_items(
         &self,
         job_id: i64,
+        fence: Option<Lease>,
         items: &[WorkItem],
         chunk_size: i32,
         child_step: i32,
@@ -93,14 +103,21 @@ impl Engine {
         }
         let contract = hex(&h.finalize());
         let now = self.clock.now();
-        match self
+        let written = self
             .store
-            .fan_out(job_id, items, chunk_size, child_step, &contract, now)
-            .await
-            .map_err(retry)?
-        {
-            FanOutOutcome::Created | FanOutOutcome::Adopted => {}
-            FanOutOutcome::Rejected { existing } => {
+            .fan_out(
+                job_id,
+                fence,
+                items,
+                (chunk_size, child_step),
+                &contract,
+                now,
+            )
+            .await;
+        match unless_lease_lost(written, job_id, "fan-out")? {
+            None => return Ok(()),
+            Some(FanOutOutcome::Created | FanOutOutcome::Adopted) => {}
+            Some(FanOutOutcome::Rejected { existing }) => {
                 return Err(HandlerError::fatal(format!(
                     "job {job_id}: a batch with another contract ({existing}) exists; the original is kept"
                 )))

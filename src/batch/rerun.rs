@@ -20,6 +20,7 @@ use crate::jobs::engine::Engine;
 use crate::jobs::pipeline::Pipeline;
 use crate::jobs::{Job, NewJob};
 use crate::state::JobStatus;
+use crate::store::Lease;
 use serde_json::{json, Value};
 
 /// The engine-data key that marks a re-run and names the batch it re-runs.
@@ -160,6 +161,7 @@ impl Engine {
         job: &Job,
         source: i64,
         pipeline: &Pipeline,
+        fence: Lease,
     ) -> HandlerResult {
         let st = self
             .store
@@ -202,8 +204,15 @@ impl Engine {
                 .map_err(HandlerError::retry);
         }
         let chunk = pipeline.chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE).max(1);
-        self.fan_out_items(job.id, &items, chunk, st.child_step, pipeline.priority)
-            .await
+        self.fan_out_items(
+            job.id,
+            Some(fence),
+            &items,
+            chunk,
+            st.child_step,
+            pipeline.priority,
+        )
+        .await
     }
 
     /// One failed child as a worklist item of `owner`, its items claimed again; `None` when it

@@ -79,8 +79,8 @@ pub(crate) async fn list(q: &Queue, a: &ListArgs, out: Output) -> Result<(), Cli
     let query = ActionQuery {
         filter: a.filter.to_filter()?,
         statuses: a.status.clone(),
-        limit: a.limit,
-        offset: a.offset,
+        limit: a.page.limit,
+        offset: a.page.offset,
         order: a.order,
         ..ActionQuery::default()
     };
@@ -113,13 +113,8 @@ pub(crate) async fn list(q: &Queue, a: &ListArgs, out: Output) -> Result<(), Cli
             ]);
         }
         let mut text = t.render();
-        if rows.len() as i64 == a.limit {
-            text.push_str(&format!(
-                "(showing {} from offset {}; next page: --offset {})\n",
-                rows.len(),
-                a.offset,
-                a.offset + a.limit
-            ));
+        if let Some(note) = a.page.next_page_note(rows.len()) {
+            text.push_str(&note);
         }
         text
     })

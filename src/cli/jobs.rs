@@ -4,7 +4,7 @@
 use super::args::{self, fmt_time, fmt_time_ms};
 use super::claims::claim_expiry;
 use super::table::{key_values, truncate, Table};
-use super::{CliError, Output};
+use super::{CliError, Output, PageArgs};
 use crate::action::{Action, ActionFilter, ActionOrder, ActionQuery};
 use crate::claims::{ClaimFilter, ClaimStatus, ItemClaim};
 use crate::jobs::{Job, JobFilter, STEP_HOOK};
@@ -46,14 +46,9 @@ pub struct JobListArgs {
     /// Only jobs of this pipeline.
     #[arg(long, value_name = "P")]
     pub pipeline: Option<String>,
-    /// Page size.
-    #[arg(long, value_name = "N", default_value_t = 50,
-          value_parser = clap::value_parser!(i64).range(1..=100_000))]
-    pub limit: i64,
-    /// Rows to skip.
-    #[arg(long, value_name = "N", default_value_t = 0,
-          value_parser = clap::value_parser!(i64).range(0..))]
-    pub offset: i64,
+    /// Page size and rows to skip.
+    #[command(flatten)]
+    pub page: PageArgs,
 }
 
 /// Runs a `dockhand jobs` subcommand.
@@ -93,8 +88,8 @@ async fn list(q: &Queue, a: &JobListArgs, out: Output) -> Result<(), CliError> {
     let filter = JobFilter {
         pipeline: a.pipeline.clone(),
         statuses: a.status.clone(),
-        limit: a.limit,
-        offset: a.offset,
+        limit: a.page.limit,
+        offset: a.page.offset,
     };
     let rows = q.store().list_jobs(&filter).await?;
     out.emit(&rows, || {
@@ -123,13 +118,8 @@ async fn list(q: &Queue, a: &JobListArgs, out: Output) -> Result<(), CliError> {
             ]);
         }
         let mut text = t.render();
-        if rows.len() as i64 == a.limit {
-            text.push_str(&format!(
-                "(showing {} from offset {}; next page: --offset {})\n",
-                rows.len(),
-                a.offset,
-                a.offset + a.limit
-            ));
+        if let Some(note) = a.page.next_page_note(rows.len()) {
+            text.push_str(&note);
         }
         text
     })

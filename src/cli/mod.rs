@@ -31,7 +31,7 @@ pub use claims::{ClaimListArgs, ClaimsCommand};
 pub use demo::{register_demo_hooks, DEMO_HOOKS};
 pub use groups::{GroupsCommand, LimitArgs};
 pub use jobs::{JobListArgs, JobsCommand};
-pub use options::{DemoArgs, EnqueueArgs, FilterArgs, ListArgs, PruneArgs, RunArgs};
+pub use options::{DemoArgs, EnqueueArgs, FilterArgs, ListArgs, PageArgs, PruneArgs, RunArgs};
 use output::Output;
 pub use output::{error_report, CliError, EXIT_RUNTIME, EXIT_USAGE};
 pub use recovery::{LivenessArgs, RecoverArgs};

@@ -1,6 +1,7 @@
 //! The options of the action commands: `enqueue` ([`EnqueueArgs`]), `list` ([`ListArgs`], with
 //! the hook/group/args [`FilterArgs`] `unschedule` shares), `prune` ([`PruneArgs`]), `run`
-//! ([`RunArgs`]) and `demo` ([`DemoArgs`]). The other commands' options live beside their code.
+//! ([`RunArgs`]) and `demo` ([`DemoArgs`]), and the `--limit`/`--offset` page ([`PageArgs`]) the
+//! listings share. The other commands' options live beside their code.
 
 use super::args;
 use crate::action::{ActionFilter, ActionOrder, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY};
@@ -115,6 +116,18 @@ pub struct ListArgs {
     /// Hook, group and args filters.
     #[command(flatten)]
     pub filter: FilterArgs,
+    /// Page size and rows to skip.
+    #[command(flatten)]
+    pub page: PageArgs,
+    /// Sort order: scheduled, -scheduled, id or -id (a leading - sorts newest first).
+    #[arg(long, value_name = "ORDER", default_value = "scheduled",
+          value_parser = args::parse_order, allow_hyphen_values = true)]
+    pub order: ActionOrder,
+}
+
+/// The `--limit`/`--offset` page of `dockhand list` and `dockhand jobs list`.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct PageArgs {
     /// Page size.
     #[arg(long, value_name = "N", default_value_t = 50,
           value_parser = clap::value_parser!(i64).range(1..=100_000))]
@@ -123,10 +136,20 @@ pub struct ListArgs {
     #[arg(long, value_name = "N", default_value_t = 0,
           value_parser = clap::value_parser!(i64).range(0..))]
     pub offset: i64,
-    /// Sort order: scheduled, -scheduled, id or -id (a leading - sorts newest first).
-    #[arg(long, value_name = "ORDER", default_value = "scheduled",
-          value_parser = args::parse_order, allow_hyphen_values = true)]
-    pub order: ActionOrder,
+}
+
+impl PageArgs {
+    /// The line a table ends with when it filled the page (`shown` rows): where the next page
+    /// starts. `None` when the page was not full, so no rows follow.
+    pub fn next_page_note(&self, shown: usize) -> Option<String> {
+        (i64::try_from(shown).ok() == Some(self.limit)).then(|| {
+            format!(
+                "(showing {shown} from offset {}; next page: --offset {})\n",
+                self.offset,
+                self.offset + self.limit
+            )
+        })
+    }
 }
 
 /// Options of `dockhand prune`.

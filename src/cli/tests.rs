@@ -80,3 +80,34 @@ fn recurring_and_one_off_options_conflict_as_documented() {
     ])
     .is_ok());
 }
+
+#[test]
+fn list_and_jobs_list_share_one_page_definition() {
+    let page = |args: &[&str]| match Cli::try_parse_from(args.iter().copied()) {
+        Ok(Cli {
+            command: Command::List(a),
+            ..
+        }) => Ok(a.page),
+        Ok(Cli {
+            command: Command::Jobs(jobs::JobsCommand::List(a)),
+            ..
+        }) => Ok(a.page),
+        Ok(other) => panic!("parsed as another command: {other:?}"),
+        Err(e) => Err(e.to_string()),
+    };
+    for cmd in [&["dockhand", "list"][..], &["dockhand", "jobs", "list"][..]] {
+        let with = |extra: &[&str]| page(&[cmd, extra].concat());
+        let p = with(&[]).expect("defaults parse");
+        assert_eq!((p.limit, p.offset), (50, 0));
+        let p = with(&["--limit", "10", "--offset", "30"]).expect("a page parses");
+        assert_eq!((p.limit, p.offset), (10, 30));
+        assert!(with(&["--limit", "0"]).unwrap_err().contains("--limit"));
+        assert!(with(&["--offset=-1"]).unwrap_err().contains("--offset"));
+        // A full page says where the next one starts; a short one says nothing.
+        assert_eq!(
+            p.next_page_note(10).as_deref(),
+            Some("(showing 10 from offset 30; next page: --offset 40)\n")
+        );
+        assert_eq!(p.next_page_note(9), None);
+    }
+}

@@ -1,14 +1,11 @@
-//! The job engine: runs `dockhand.job.step` actions (J1, J2, J6), takes item claims for steps
-//! with the reprocess decision (J7), and delivers lifecycle events from the outbox (J5).
+//! The job engine: runs `dockhand.job.step` actions (J1, J2, J6) and delivers lifecycle events
+//! from the outbox (J5). Its item claims for steps (J7) are in `step_claims`.
 
 use super::bridge::{self, reason};
 use super::packets;
 use super::pipeline::{Packet, PipelineRegistry, StepContext, StepOutput};
 use super::{JobEvent, StepAction, StepStart, Superseded};
-use crate::claims::{
-    ClaimItemRequest, ClaimOutcome, ClaimRun, CompletionConfig, CompletionRegistry, Descriptor,
-    Identity,
-};
+use crate::claims::{ClaimRun, CompletionRegistry};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::handler::{ActionContext, HandlerError, HandlerResult};
@@ -206,7 +203,7 @@ impl Engine {
             .await
             .map_err(HandlerError::retry)?
         {
-            return self.run_rerun(&job, source, &pipeline).await;
+            return self.run_rerun(&job, source, &pipeline, lease).await;
         }
         let Some(def) = usize::try_from(step)
             .ok()
@@ -279,14 +276,14 @@ impl Engine {
             // Finished above, with the other terminal outputs.
             StepOutput::Skip => Ok(()),
             StepOutput::Packets(p) if p.len() > 1 && !def.inline => {
-                self.fan_out(&job, step, &p, &pipeline).await
+                self.fan_out(&job, step, &p, &pipeline, lease).await
             }
             StepOutput::Packets(p) => {
-                self.continue_inline(job_id, step, &p, &template, false)
+                self.continue_inline(job_id, lease, step, &p, &template, false)
                     .await
             }
             StepOutput::Park(p) => {
-                self.continue_inline(job_id, step, &p, &template, true)
+                self.continue_inline(job_id, lease, step, &p, &template, true)
                     .await
             }
         }
@@ -339,10 +336,12 @@ impl Engine {
         }
     }
 
-    /// Stores the packets and hands them to the next step on the same job (or parks it there).
+    /// Stores the packets and hands them to the next step on the same job (or parks it there),
+    /// fenced by the step run's `lease`: a run that lost it moves nothing on.
     async fn continue_inline(
         &self,
         job_id: i64,
+        lease: Lease,
         step: i32,
         packets_out: &[Packet],
         template: &StepAction,
@@ -359,16 +358,17 @@ impl Engine {
             .await
             .map_err(HandlerError::retry)?;
         let refs: Vec<String> = encoded.into_iter().map(|e| e.reference).collect();
-        let moved = if park {
-            self.store
-                .park_job(job_id, step, step + 1, &refs, now)
-                .await
+        let (store, fence, steps) = (&self.store, Some(lease), (step, step + 1));
+        let written = if park {
+            store.park_job(job_id, fence, steps, &refs, now).await
         } else {
-            self.store
-                .advance_job(job_id, step, step + 1, &refs, template, now)
+            store
+                .advance_job(job_id, fence, steps, &refs, template, now)
                 .await
-        }
-        .map_err(HandlerError::retry)?;
+        };
+        let Some(moved) = unless_lease_lost(written, job_id, "output")? else {
+            return Ok(());
+        };
         if !moved {
             tracing::debug!(
                 job_id,
@@ -377,135 +377,6 @@ impl Engine {
             );
         }
         Ok(())
-    }
-
-    /// Claims `identity` for the step's job, as this run of the step (fenced by its lease,
-    /// recorded on the claim) and with the step's TTL; when it was processed already, asks the
-    /// reprocess callback (with the executing step's id) whether to take it again. `None` also
-    /// when the job is final or moved past this step: the store checks that under a lock on
-    /// the job row in the claim's own transaction, so no claim outlives its job.
-    pub(crate) async fn claim_for_step(
-        &self,
-        ctx: &StepContext,
-        identity: Identity,
-        completion: CompletionConfig,
-    ) -> Result<Option<Descriptor>> {
-        let mut req = ClaimItemRequest {
-            identity,
-            job_id: Some(ctx.job_id),
-            ttl: ctx.claim_ttl,
-            completion,
-            reprocess: false,
-            run: Some(ctx.run),
-        };
-        loop {
-            match self.store.claim_item(&req, self.clock.now()).await? {
-                ClaimOutcome::Claimed(d) => return Ok(Some(d)),
-                ClaimOutcome::HeldByOther => return Ok(None),
-                ClaimOutcome::JobNotLive {
-                    job_id,
-                    status,
-                    step_index,
-                } => {
-                    tracing::info!(job_id, %status, step_index, run_step = ctx.step_index, item = %req.identity.item_id, "claim refused: the job is final or moved on");
-                    return Ok(None);
-                }
-                ClaimOutcome::AlreadyProcessed if req.reprocess => return Ok(None),
-                ClaimOutcome::AlreadyProcessed => {
-                    let again = self.reprocess.as_ref().is_some_and(|f| {
-                        f(&ReprocessContext {
-                            step_id: ctx.step_id(),
-                            scope: req.identity.scope.clone(),
-                            source_type: req.identity.source_type.clone(),
-                            item_id: req.identity.item_id.clone(),
-                            job_id: ctx.job_id,
-                        })
-                    });
-                    if !again {
-                        return Ok(None);
-                    }
-                    req.reprocess = true;
-                }
-            }
-        }
-    }
-
-    /// [`Self::claim_for_step`] for many identities, in one store call
-    /// ([`crate::Store::claim_items`]: one transaction, the job and run checked once); the
-    /// items processed already are put to the reprocess callback, and those it takes again
-    /// claimed in a second call. One result per identity, in order.
-    pub(crate) async fn claim_many_for_step(
-        &self,
-        ctx: &StepContext,
-        identities: Vec<Identity>,
-        completion: CompletionConfig,
-    ) -> Result<Vec<Option<Descriptor>>> {
-        let reqs: Vec<ClaimItemRequest> = identities
-            .into_iter()
-            .map(|identity| ClaimItemRequest {
-                identity,
-                job_id: Some(ctx.job_id),
-                ttl: ctx.claim_ttl,
-                completion: completion.clone(),
-                reprocess: false,
-                run: Some(ctx.run),
-            })
-            .collect();
-        if reqs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let outcomes = self.store.claim_items(&reqs, self.clock.now()).await?;
-        let mut out = vec![None; reqs.len()];
-        let mut again = Vec::new();
-        let mut refused = None;
-        for (at, outcome) in outcomes.into_iter().enumerate() {
-            match outcome {
-                ClaimOutcome::Claimed(d) => out[at] = Some(d),
-                ClaimOutcome::HeldByOther => {}
-                ClaimOutcome::JobNotLive { .. } => refused = Some(outcome),
-                ClaimOutcome::AlreadyProcessed => {
-                    let req = &reqs[at];
-                    let take = self.reprocess.as_ref().is_some_and(|f| {
-                        f(&ReprocessContext {
-                            step_id: ctx.step_id(),
-                            scope: req.identity.scope.clone(),
-                            source_type: req.identity.source_type.clone(),
-                            item_id: req.identity.item_id.clone(),
-                            job_id: ctx.job_id,
-                        })
-                    });
-                    if take {
-                        again.push(at);
-                    }
-                }
-            }
-        }
-        if !again.is_empty() {
-            let retake: Vec<ClaimItemRequest> = again
-                .iter()
-                .map(|&at| ClaimItemRequest {
-                    reprocess: true,
-                    ..reqs[at].clone()
-                })
-                .collect();
-            let outcomes = self.store.claim_items(&retake, self.clock.now()).await?;
-            for (&at, outcome) in again.iter().zip(outcomes) {
-                match outcome {
-                    ClaimOutcome::Claimed(d) => out[at] = Some(d),
-                    ClaimOutcome::JobNotLive { .. } => refused = Some(outcome),
-                    _ => {}
-                }
-            }
-        }
-        if let Some(ClaimOutcome::JobNotLive {
-            job_id,
-            status,
-            step_index,
-        }) = refused
-        {
-            tracing::info!(job_id, %status, step_index, run_step = ctx.step_index, items = reqs.len(), "claims refused: the job is final or moved on");
-        }
-        Ok(out)
     }
 
     /// Before a step run's output is written (defect 8 of issue 15): the claims earlier runs of
@@ -520,27 +391,17 @@ impl Engine {
         output: &StepOutput,
     ) -> std::result::Result<bool, HandlerError> {
         let keep = kept_tokens(output);
-        match self
+        let released = self
             .store
             .release_superseded_claims(job_id, run, &keep)
-            .await
-        {
-            Ok(0) => Ok(true),
-            Ok(released) => {
+            .await;
+        match unless_lease_lost(released, job_id, "output")? {
+            None => Ok(false),
+            Some(0) => Ok(true),
+            Some(released) => {
                 tracing::info!(job_id, step = run.step, released, "released the claims earlier runs of this step took and its output does not hold");
                 Ok(true)
             }
-            Err(Error::LeaseLost { action_id, token }) => {
-                tracing::warn!(
-                    job_id,
-                    step = run.step,
-                    action_id,
-                    token,
-                    "step run lost its lease; output dropped"
-                );
-                Ok(false)
-            }
-            Err(e) => Err(HandlerError::retry(e)),
         }
     }
 
@@ -598,5 +459,27 @@ impl Engine {
                 return Ok(delivered);
             }
         }
+    }
+}
+
+/// The result of a step run's write, fenced by the run's lease: `None` (logged) when the run
+/// lost it, so its `what` is dropped; other errors are transient (the run is retried).
+pub(crate) fn unless_lease_lost<T>(
+    written: Result<T>,
+    job_id: i64,
+    what: &str,
+) -> std::result::Result<Option<T>, HandlerError> {
+    match written {
+        Ok(v) => Ok(Some(v)),
+        Err(Error::LeaseLost { action_id, token }) => {
+            tracing::warn!(
+                job_id,
+                action_id,
+                token,
+                "step run lost its lease; {what} dropped"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(HandlerError::retry(e)),
     }
 }

@@ -21,6 +21,7 @@ pub(crate) mod packet_cache;
 pub mod packets;
 pub mod pipeline;
 pub mod scheduled;
+mod step_claims;
 
 use crate::state::JobStatus;
 use chrono::{DateTime, Utc};

@@ -214,8 +214,8 @@ macro_rules! delegate_store {
             async fn advance_job(
                 &self,
                 job_id: i64,
-                from_step: i32,
-                to_step: i32,
+                fence: Option<Lease>,
+                steps: (i32, i32),
                 input_refs: &[String],
                 step: &StepAction,
                 now: DateTime<Utc>,
@@ -224,22 +224,21 @@ macro_rules! delegate_store {
                     self,
                     "advance_job",
                     self.inner
-                        .advance_job(job_id, from_step, to_step, input_refs, step, now)
+                        .advance_job(job_id, fence, steps, input_refs, step, now)
                 )
             }
             async fn park_job(
                 &self,
                 job_id: i64,
-                from_step: i32,
-                to_step: i32,
+                fence: Option<Lease>,
+                steps: (i32, i32),
                 input_refs: &[String],
                 now: DateTime<Utc>,
             ) -> Result<bool> {
                 $around!(
                     self,
                     "park_job",
-                    self.inner
-                        .park_job(job_id, from_step, to_step, input_refs, now)
+                    self.inner.park_job(job_id, fence, steps, input_refs, now)
                 )
             }
             async fn resume_job(
@@ -414,9 +413,9 @@ macro_rules! delegate_store {
             async fn fan_out(
                 &self,
                 parent: i64,
+                fence: Option<Lease>,
                 items: &[WorkItem],
-                chunk_size: i32,
-                child_step: i32,
+                layout: (i32, i32),
                 contract: &str,
                 now: DateTime<Utc>,
             ) -> Result<FanOutOutcome> {
@@ -424,7 +423,7 @@ macro_rules! delegate_store {
                     self,
                     "fan_out",
                     self.inner
-                        .fan_out(parent, items, chunk_size, child_step, contract, now)
+                        .fan_out(parent, fence, items, layout, contract, now)
                 )
             }
             async fn schedule_chunk(

@@ -264,26 +264,29 @@ pub trait Store: Send + Sync + 'static {
         Ok(out)
     }
 
-    /// In one transaction: compare-and-swap `step_index` from `from_step` to `to_step` (status
-    /// must be `processing`), store `input_refs`, and enqueue `step.action(job, to_step, now)`.
-    /// False (nothing written) when the job moved on or is no longer processing.
+    /// In one transaction: compare-and-swap `step_index` from `steps.0` to `steps.1` (status
+    /// must be `processing`), store `input_refs`, and enqueue `step.action(job, steps.1, now)`.
+    /// False (nothing written) when the job moved on or is no longer processing. With
+    /// `fence` (the lease of the step run whose output this is), nothing is written unless
+    /// that run still holds it: [`crate::Error::LeaseLost`] otherwise, so a stale run never
+    /// moves the job on with its output.
     async fn advance_job(
         &self,
         job_id: i64,
-        from_step: i32,
-        to_step: i32,
+        fence: Option<Lease>,
+        steps: (i32, i32),
         input_refs: &[String],
         step: &StepAction,
         now: DateTime<Utc>,
     ) -> Result<bool>;
 
-    /// Parks a job: `processing → waiting` at `to_step` with `input_refs`, guarded by
-    /// `from_step`. False when it moved on.
+    /// Parks a job: `processing → waiting` at `steps.1` with `input_refs`, guarded by
+    /// `steps.0` (the step it must be at). False when it moved on. `fence` as in [`Store::advance_job`].
     async fn park_job(
         &self,
         job_id: i64,
-        from_step: i32,
-        to_step: i32,
+        fence: Option<Lease>,
+        steps: (i32, i32),
         input_refs: &[String],
         now: DateTime<Utc>,
     ) -> Result<bool>;
@@ -528,15 +531,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// Fan-out (B1), one transaction: lock the parent; if it has no batch yet, write the
     /// worklist (one `ready` row per item, idx 0..n, with its sidecar), and the parent's batch
-    /// fields (`batch_state = 'scheduling'`, contract, chunk size, child step, items_total) →
+    /// fields (`batch_state = 'scheduling'`, contract, `layout` = (chunk size, child step),
+    /// items_total) →
     /// `Created`. The same contract again → `Adopted` (nothing written); another → `Rejected`.
-    /// Does not enqueue the first chunk (see `schedule_chunk`).
+    /// Does not enqueue the first chunk (see `schedule_chunk`). `fence` as in
+    /// [`Store::advance_job`] (the lease of the step run that fans out).
     async fn fan_out(
         &self,
         parent: i64,
+        fence: Option<Lease>,
         items: &[WorkItem],
-        chunk_size: i32,
-        child_step: i32,
+        layout: (i32, i32),
         contract: &str,
         now: DateTime<Utc>,
     ) -> Result<FanOutOutcome>;

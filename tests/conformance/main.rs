@@ -69,6 +69,9 @@ conformance!(
     claim_ttl_boundary_on_the_database_clock,
     regression_superseded_attempt_claims_are_released,
     regression_zombie_step_run_claims_are_released_not_processed,
+    regression_stale_step_run_does_not_advance_the_job,
+    regression_stale_step_run_does_not_park_the_job,
+    regression_stale_step_run_does_not_fan_out,
     regression_transient_completion_error_reruns_the_transaction,
     completion_handler_panic_rolls_back_and_is_an_error,
     // Set-based claims and children (issue 16 item 3)

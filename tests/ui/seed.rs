@@ -199,7 +199,7 @@ pub async fn batch(f: &Fixture) -> Batch {
         .collect();
     let r = f
         .store
-        .fan_out(parent, &items, 2, 1, "c", t0())
+        .fan_out(parent, None, &items, (2, 1), "c", t0())
         .await
         .expect("fan out");
     assert_eq!(r, FanOutOutcome::Created);

@@ -16,6 +16,7 @@ use super::fence::{
     job_status, lock_parent, release_sidecars, release_unnamed, Rows, TOKENS_PER_STATEMENT,
 };
 use super::jobs::{inserted_id, text};
+use super::lease_fence::{output_fence, run_fence};
 use super::{ms, MySqlStore};
 use crate::action::PreparedAction;
 use crate::batch::{
@@ -146,9 +147,9 @@ fn insert_chunks(items: &[WorkItem], sidecars: &[String]) -> Vec<std::ops::Range
 pub(super) async fn fan_out(
     store: &MySqlStore,
     parent: i64,
+    fence: Option<Lease>,
     items: &[WorkItem],
-    chunk_size: i32,
-    child_step: i32,
+    (chunk_size, child_step): (i32, i32),
     contract: &str,
     now: DateTime<Utc>,
 ) -> Result<FanOutOutcome> {
@@ -188,6 +189,11 @@ pub(super) async fn fan_out(
                 id: parent,
             });
         };
+        // The job row first, then the run's action (the bridge's order).
+        if let Err(e) = output_fence(&mut tx, fence, op).await {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Err(e);
+        }
         if let Some(existing) = super::jobs::opt_text(&row, "batch_contract")? {
             tx.rollback().await.map_err(Error::db(op))?;
             return Ok(if existing == contract {
@@ -254,28 +260,6 @@ pub(super) async fn schedule_chunk(
     Ok(())
 }
 
-/// Fails with [`Error::LeaseLost`] unless the chunk action still runs under `chunk`'s token.
-/// `LOCK IN SHARE MODE` (MariaDB has no `FOR SHARE`) holds the action row until the caller
-/// commits: the reaper (which skips locked rows) cannot expire the lease, and so no newer
-/// attempt can claim it, in between.
-pub(super) async fn chunk_fence(
-    conn: &mut MySqlConnection,
-    chunk: Lease,
-    op: &'static str,
-) -> Result<()> {
-    let live: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM dockhand_actions
-         WHERE id = ? AND status = 'running' AND lease_token = ?
-         LOCK IN SHARE MODE",
-    )
-    .bind(chunk.id)
-    .bind(chunk.token)
-    .fetch_optional(conn)
-    .await
-    .map_err(Error::db(op))?;
-    live.map(|_| ()).ok_or_else(|| chunk.lost())
-}
-
 pub(super) async fn lease_work(
     store: &MySqlStore,
     parent: i64,
@@ -288,7 +272,7 @@ pub(super) async fn lease_work(
     let owner = &chunk_owner(chunk.id);
     let rows = retry_deadlocks(op, move || async move {
         let mut tx = store.begin(op).await?;
-        chunk_fence(&mut tx, chunk, op).await?;
+        run_fence(&mut tx, chunk, op).await?;
         if limit <= 0 {
             return Ok(Vec::new());
         }
@@ -402,7 +386,7 @@ async fn create_child_in(
 ) -> Result<Result<(ChildOutcome, bool)>> {
     let op = "create_child";
     let (parent, idx) = (c.parent_id, c.idx);
-    if let Err(e) = chunk_fence(conn, chunk, op).await {
+    if let Err(e) = run_fence(conn, chunk, op).await {
         return Ok(Err(e));
     }
     // The parent's lock first (see the lock order above); its status decides below.
@@ -552,7 +536,7 @@ pub(super) async fn settle_work(
     let op = "settle_work";
     retry_deadlocks(op, move || async move {
         let mut tx = store.begin(op).await?;
-        chunk_fence(&mut tx, chunk, op).await?;
+        run_fence(&mut tx, chunk, op).await?;
         let row = sqlx::query(
             "SELECT state, attempts FROM dockhand_worklist WHERE parent_id = ? AND idx = ?
              FOR UPDATE",

@@ -11,12 +11,13 @@
 //! rolls the whole chunk back; the caller then goes row by row. A deadlock re-runs the
 //! transaction.
 
-use super::batch::{chunk_fence, discard_row, push_token_in, refusal};
+use super::batch::{discard_row, push_token_in, refusal};
 use super::claim::push_in;
 use super::connect::retry_deadlocks;
 use super::fence::{job_status, read_parent, TOKENS_PER_STATEMENT};
 use super::grouped::start_pending;
 use super::jobs::text;
+use super::lease_fence::run_fence;
 use super::{ms, MySqlStore};
 use crate::batch::{ChildOutcome, ChildSpec, DiscardCause, RunBy};
 use crate::error::{Error, Result};
@@ -63,7 +64,7 @@ pub(super) async fn create_children(
         for lock in [ParentLock::Last, ParentLock::First] {
             let mut tx = store.begin(op).await?;
             let done = async {
-                chunk_fence(&mut tx, chunk, op).await?;
+                run_fence(&mut tx, chunk, op).await?;
                 create_in_tx(&mut tx, parent, specs, refs, now, lock).await
             }
             .await;

@@ -7,9 +7,9 @@
 //! in Rust, and an `UPDATE` by id for each row taken over (rare: a fresh row is written by the
 //! insert). A deadlock re-runs the whole transaction.
 
-use super::claim_upkeep::run_fence;
 use super::claims::{claim_from_row, config_json, job_state, takeover, Takeover, CLAIM_COLUMNS};
 use super::connect::retry_deadlocks;
+use super::lease_fence::run_fence;
 use super::{ms, MySqlStore};
 use crate::claims::{ClaimItemRequest, ClaimOutcome, Descriptor, ItemClaim};
 use crate::error::{Error, Result};

@@ -4,10 +4,10 @@
 
 use super::claim::push_in;
 use super::connect::retry_deadlocks;
+use super::lease_fence::run_fence;
 use super::{ms, MySqlStore};
 use crate::claims::ClaimRun;
 use crate::error::{Error, Result};
-use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
 
@@ -102,27 +102,6 @@ pub(super) async fn release_superseded_claims(
         Ok(released)
     })
     .await
-}
-
-/// Fails with [`Error::LeaseLost`] unless action `lease.id` still runs under `lease.token`.
-/// `LOCK IN SHARE MODE` holds the action row until the caller commits: the reaper (which skips
-/// locked rows) cannot expire the lease, nor a newer run claim the action, in between.
-pub(super) async fn run_fence(
-    conn: &mut MySqlConnection,
-    lease: Lease,
-    op: &'static str,
-) -> Result<()> {
-    let live: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM dockhand_actions
-         WHERE id = ? AND status = 'running' AND lease_token = ?
-         LOCK IN SHARE MODE",
-    )
-    .bind(lease.id)
-    .bind(lease.token)
-    .fetch_optional(conn)
-    .await
-    .map_err(Error::db(op))?;
-    live.map(|_| ()).ok_or_else(|| lease.lost())
 }
 
 /// Releases, on the open transaction, the claims of `job_id` that another run of `run.step`

@@ -16,9 +16,9 @@
 //! (theoretical) hash collision is reported, never merged. Binary collations pad trailing spaces
 //! for `=`, so tokens and the scope filter compare as `CAST(… AS BINARY)`.
 
-use super::claim_upkeep::run_fence;
 use super::connect::retry_deadlocks;
 use super::jobs::{opt_text, text};
+use super::lease_fence::run_fence;
 use super::{from_ms, ms, MySqlStore};
 use crate::claims::completion::run_in_tx;
 use crate::claims::ledger::TrackedItem;

@@ -178,7 +178,9 @@ async fn parent_with_worklist(store: &MySqlStore, n: usize) -> i64 {
             sidecar: Vec::new(),
         })
         .collect();
-    let out = store.fan_out(parent, &items, 10, 1, "c1", t0()).await;
+    let out = store
+        .fan_out(parent, None, &items, (10, 1), "c1", t0())
+        .await;
     assert_eq!(out.unwrap(), FanOutOutcome::Created);
     parent
 }

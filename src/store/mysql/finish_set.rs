@@ -80,7 +80,7 @@ async fn runs_held(
             Some(_) if r.complete_run => {
                 matches!(completed.next(), Some(FinishResult::Applied))
             }
-            Some(l) => super::grouped::lease_live(tx, l).await?,
+            Some(l) => super::lease_fence::lease_live(tx, l, "finish_jobs (lease)").await?,
         };
         held.push(ok);
     }

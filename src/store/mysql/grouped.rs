@@ -21,7 +21,6 @@ use crate::jobs::Job;
 use crate::jobs::{FinishRequest, GroupFinished, StepStart};
 use crate::state::{JobStatus, ParentView};
 use crate::store::finish_group::{all_moved, check_final, RollBack, SetFinished};
-use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
 use std::collections::HashMap;
@@ -160,21 +159,6 @@ pub(super) async fn start_pending(
         .await
         .map_err(Error::db(op))?;
     all_moved(op, done.rows_affected(), ids.len())
-}
-
-/// Whether `lease` is still a running action's, on the open transaction (its row share-locked
-/// until commit, so the reaper cannot take it meanwhile).
-pub(super) async fn lease_live(conn: &mut MySqlConnection, lease: Lease) -> Result<bool> {
-    let row: Option<(i64,)> = sqlx::query_as(
-        "SELECT CAST(1 AS SIGNED) FROM dockhand_actions
-         WHERE id = ? AND status = 'running' AND lease_token = ? LOCK IN SHARE MODE",
-    )
-    .bind(lease.id)
-    .bind(lease.token)
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(Error::db("finish_jobs (lease)"))?;
-    Ok(row.is_some())
 }
 
 /// See [`crate::Store::finish_jobs`].

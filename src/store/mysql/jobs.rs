@@ -13,11 +13,13 @@
 //! `CAST(… AS BINARY)`.
 
 use super::connect::retry_deadlocks;
+use super::lease_fence::output_fence;
 use super::{enqueue::enqueue_one, from_ms, ms, MySqlStore};
 use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
 use crate::jobs::{Job, JobCreated, JobFilter, NewJob, ScheduleGuard, StepAction, StepStart};
 use crate::state::{step_gate, JobStatus, ParentView, StepGate};
+use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::mysql::MySqlRow;
@@ -410,6 +412,7 @@ pub(super) async fn start_in_tx(
 pub(super) async fn advance_job(
     store: &MySqlStore,
     job_id: i64,
+    fence: Option<Lease>,
     (from_step, to_step): (i32, i32),
     input_refs: &[String],
     step: &StepAction,
@@ -436,6 +439,11 @@ pub(super) async fn advance_job(
             tx.rollback().await.map_err(Error::db(op))?;
             return Ok(None);
         }
+        // The job row first, then the run's action (the bridge's order).
+        if let Err(e) = output_fence(&mut tx, fence, op).await {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Err(e);
+        }
         let due = enqueue_step(&mut tx, step, job_id, to_step, now).await?;
         tx.commit().await.map_err(Error::db(op))?;
         Ok(Some(due))
@@ -450,6 +458,7 @@ pub(super) async fn advance_job(
 pub(super) async fn park_job(
     store: &MySqlStore,
     job_id: i64,
+    fence: Option<Lease>,
     (from_step, to_step): (i32, i32),
     input_refs: &[String],
     now: DateTime<Utc>,
@@ -458,6 +467,7 @@ pub(super) async fn park_job(
     let refs = refs_json(input_refs)?;
     let refs = refs.as_str();
     retry_deadlocks(op, move || async move {
+        let mut tx = store.begin(op).await?;
         let done = sqlx::query(
             "UPDATE dockhand_jobs SET status = 'waiting', step_index = ?, input_refs = ?,
                 updated_at = ?
@@ -468,10 +478,20 @@ pub(super) async fn park_job(
         .bind(ms(now))
         .bind(job_id)
         .bind(from_step)
-        .execute(store.pool())
+        .execute(&mut *tx)
         .await
         .map_err(Error::db(op))?;
-        Ok(done.rows_affected() == 1)
+        if done.rows_affected() != 1 {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Ok(false);
+        }
+        // The job row first, then the run's action (the bridge's order).
+        if let Err(e) = output_fence(&mut tx, fence, op).await {
+            tx.rollback().await.map_err(Error::db(op))?;
+            return Err(e);
+        }
+        tx.commit().await.map_err(Error::db(op))?;
+        Ok(true)
     })
     .await
 }

@@ -18,6 +18,7 @@ pub(super) use end::{
 };
 
 use super::enqueue::{batch_group, enqueue_one};
+use super::lease_fence::{output_fence, run_fence};
 use super::{ts, PgStore};
 use crate::batch::{
     chunk_action, chunk_owner, sidecar_is_malformed, ChildOutcome, ChildSpec, DiscardCause,
@@ -124,9 +125,9 @@ async fn lock_parent(
 pub(super) async fn fan_out(
     store: &PgStore,
     parent: i64,
+    fence: Option<Lease>,
     items: &[WorkItem],
-    chunk_size: i32,
-    child_step: i32,
+    (chunk_size, child_step): (i32, i32),
     contract: &str,
     now: DateTime<Utc>,
 ) -> Result<FanOutOutcome> {
@@ -171,6 +172,8 @@ pub(super) async fn fan_out(
             id: parent,
         });
     };
+    // The job row first, then the run's action (the bridge's order).
+    output_fence(&mut tx, fence, op).await?;
     if let Some(existing) = stored {
         tx.rollback().await.map_err(Error::db(op))?;
         return Ok(if existing == contract {
@@ -228,27 +231,6 @@ pub(super) async fn schedule_chunk(
     Ok(())
 }
 
-/// Fails with [`Error::LeaseLost`] unless the chunk action still runs under `chunk`'s token.
-/// `FOR SHARE` holds the action row until the caller commits: the reaper (which skips locked
-/// rows) cannot expire the lease, and so no newer attempt can claim it, in between.
-pub(super) async fn chunk_fence(
-    conn: &mut PgConnection,
-    chunk: Lease,
-    op: &'static str,
-) -> Result<()> {
-    let live: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM dockhand_actions
-         WHERE id = $1 AND status = 'running' AND lease_token = $2
-         FOR SHARE",
-    )
-    .bind(chunk.id)
-    .bind(chunk.token)
-    .fetch_optional(conn)
-    .await
-    .map_err(Error::db(op))?;
-    live.map(|_| ()).ok_or_else(|| chunk.lost())
-}
-
 /// Leases ready (or lease-expired) rows in idx order; see [`crate::Store::lease_work`].
 pub(super) async fn lease_work(
     store: &PgStore,
@@ -260,7 +242,7 @@ pub(super) async fn lease_work(
 ) -> Result<Vec<WorkRow>> {
     let op = "lease_work";
     let mut tx = store.begin(op).await?;
-    chunk_fence(&mut tx, chunk, op).await?;
+    run_fence(&mut tx, chunk, op).await?;
     if limit <= 0 {
         return Ok(Vec::new());
     }
@@ -322,7 +304,7 @@ pub(super) async fn create_child(
     tokens.sort_unstable();
     tokens.dedup();
     let mut tx = store.begin(op).await?;
-    chunk_fence(&mut tx, chunk, op).await?;
+    run_fence(&mut tx, chunk, op).await?;
     // The parent's lock first (see the lock order above); its status decides below.
     let parent_row: Option<(String, Option<String>)> =
         sqlx::query_as("SELECT status, batch_outcome FROM dockhand_jobs WHERE id = $1 FOR UPDATE")

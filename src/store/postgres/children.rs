@@ -16,9 +16,10 @@
 //! whole transaction queued every earlier chunk's finishes behind the next chunk's creation
 //! (~19 ms per chunk, session 14's W4 profile).
 
-use super::batch::{chunk_fence, discard_row, refusal};
+use super::batch::{discard_row, refusal};
 use super::enqueue::enqueue_fresh;
 use super::grouped::start_pending;
+use super::lease_fence::run_fence;
 use super::{ts, PgStore};
 use crate::batch::{ChildOutcome, ChildSpec, DiscardCause, RunBy};
 use crate::error::{Error, Result};
@@ -50,7 +51,7 @@ pub(super) async fn create_children(
     }
     let mut tx = store.begin(op).await?;
     let done = async {
-        chunk_fence(&mut tx, chunk, op).await?;
+        run_fence(&mut tx, chunk, op).await?;
         create_in_tx(&mut tx, parent, specs, now, &store.channel).await
     }
     .await;

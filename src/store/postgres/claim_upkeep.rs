@@ -2,10 +2,10 @@
 //! claims of live jobs ([`crate::Store::renew_claims`]) and releasing the claims superseded
 //! step runs took ([`crate::Store::release_superseded_claims`]).
 
+use super::lease_fence::run_fence;
 use super::{ts, PgStore};
 use crate::claims::ClaimRun;
 use crate::error::{Error, Result};
-use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
@@ -78,23 +78,6 @@ pub(super) async fn release_superseded_claims(
     let released = release_in_tx(&mut tx, job_id, run, keep_tokens, op).await?;
     tx.commit().await.map_err(Error::db(op))?;
     Ok(released)
-}
-
-/// Fails with [`Error::LeaseLost`] unless action `lease.id` still runs under `lease.token`;
-/// `FOR SHARE` holds the action row until the caller commits, so the reaper (which skips
-/// locked rows) cannot expire the lease, nor a newer run claim the action, in between.
-async fn run_fence(conn: &mut PgConnection, lease: Lease, op: &'static str) -> Result<()> {
-    let live: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM dockhand_actions
-         WHERE id = $1 AND status = 'running' AND lease_token = $2
-         FOR SHARE",
-    )
-    .bind(lease.id)
-    .bind(lease.token)
-    .fetch_optional(conn)
-    .await
-    .map_err(Error::db(op))?;
-    live.map(|_| ()).ok_or_else(|| lease.lost())
 }
 
 /// Releases, on the open transaction, the claims of `job_id` that another run of `run.step`

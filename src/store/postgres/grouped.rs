@@ -20,7 +20,6 @@ use crate::store::finish_group::{
     all_moved, check_final, in_request_order, job_order, RollBack, SetFinished,
 };
 use crate::store::rerun::rerun_transaction;
-use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 use std::collections::HashMap;
@@ -147,21 +146,6 @@ pub(super) async fn start_pending(
     .await
     .map_err(Error::db(op))?;
     all_moved(op, done.rows_affected(), ids.len())
-}
-
-/// Whether `lease` is still a running action's, on the open transaction (its row share-locked
-/// until commit, so the reaper cannot take it meanwhile).
-pub(super) async fn lease_live(conn: &mut PgConnection, lease: Lease) -> Result<bool> {
-    let row: Option<(i32,)> = sqlx::query_as(
-        "SELECT 1 FROM dockhand_actions
-         WHERE id = $1 AND status = 'running' AND lease_token = $2 FOR SHARE",
-    )
-    .bind(lease.id)
-    .bind(lease.token)
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(Error::db("finish_jobs (lease)"))?;
-    Ok(row.is_some())
 }
 
 /// See [`crate::Store::finish_jobs`].

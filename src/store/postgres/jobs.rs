@@ -5,11 +5,13 @@
 //! hand work to a step enqueue its action (unique per job and step) in the same transaction, so
 //! a job never moves without its next step being queued, nor gets a step queued twice.
 
+use super::lease_fence::output_fence;
 use super::{enqueue::enqueue_one, ts, PgStore};
 use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
 use crate::jobs::{Job, JobCreated, JobFilter, NewJob, ScheduleGuard, StepAction, StepStart};
 use crate::state::{step_gate, JobStatus, ParentView, StepGate};
+use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -325,13 +327,14 @@ pub(super) async fn start_in_tx(
 pub(super) async fn advance_job(
     store: &PgStore,
     job_id: i64,
-    from_step: i32,
-    to_step: i32,
+    fence: Option<Lease>,
+    (from_step, to_step): (i32, i32),
     input_refs: &[String],
     step: &StepAction,
     now: DateTime<Utc>,
 ) -> Result<bool> {
-    let mut tx = store.begin("advance_job").await?;
+    let op = "advance_job";
+    let mut tx = store.begin(op).await?;
     let done = sqlx::query(
         "UPDATE dockhand_jobs SET step_index = $3, input_refs = $4, updated_at = $5
          WHERE id = $1 AND step_index = $2 AND status = 'processing'",
@@ -345,9 +348,11 @@ pub(super) async fn advance_job(
     .await
     .map_err(Error::db("advance_job"))?;
     if done.rows_affected() != 1 {
-        tx.rollback().await.map_err(Error::db("advance_job"))?;
+        tx.rollback().await.map_err(Error::db(op))?;
         return Ok(false);
     }
+    // The job row first, then the run's action (the bridge's order).
+    output_fence(&mut tx, fence, op).await?;
     let action = step.action(job_id, to_step, now);
     enqueue_one(&mut tx, &action, now, Some(&store.channel)).await?;
     tx.commit().await.map_err(Error::db("advance_job"))?;
@@ -357,11 +362,13 @@ pub(super) async fn advance_job(
 pub(super) async fn park_job(
     store: &PgStore,
     job_id: i64,
-    from_step: i32,
-    to_step: i32,
+    fence: Option<Lease>,
+    (from_step, to_step): (i32, i32),
     input_refs: &[String],
     now: DateTime<Utc>,
 ) -> Result<bool> {
+    let op = "park_job";
+    let mut tx = store.begin(op).await?;
     let done = sqlx::query(
         "UPDATE dockhand_jobs SET status = 'waiting', step_index = $3, input_refs = $4,
             updated_at = $5
@@ -372,10 +379,17 @@ pub(super) async fn park_job(
     .bind(to_step)
     .bind(Json(input_refs))
     .bind(ts(now))
-    .execute(&store.pool)
+    .execute(&mut *tx)
     .await
-    .map_err(Error::db("park_job"))?;
-    Ok(done.rows_affected() == 1)
+    .map_err(Error::db(op))?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await.map_err(Error::db(op))?;
+        return Ok(false);
+    }
+    // The job row first, then the run's action (the bridge's order).
+    output_fence(&mut tx, fence, op).await?;
+    tx.commit().await.map_err(Error::db(op))?;
+    Ok(true)
 }
 
 pub(super) async fn resume_job(

@@ -10,6 +10,7 @@
 
 use super::enqueue::{batch_group, enqueue_one};
 use super::fence::{job_status, release_sql, RELEASE_UNNAMED};
+use super::lease_fence::{output_fence, run_fence};
 use super::{ms, SqliteStore};
 use crate::action::PreparedAction;
 use crate::batch::{
@@ -40,25 +41,6 @@ const LEASE: &str = "UPDATE dockhand_worklist
      ORDER BY idx
      LIMIT ?5)
  RETURNING parent_id, idx, payload_ref, sidecar, attempts";
-
-/// Fails with [`Error::LeaseLost`] unless the chunk action still runs under `chunk`'s token.
-/// Read inside the caller's `BEGIN IMMEDIATE` transaction: the reaper and the claim are
-/// writers too, so the lease cannot change before the caller commits.
-pub(super) async fn chunk_fence(
-    conn: &mut SqliteConnection,
-    chunk: Lease,
-    op: &'static str,
-) -> Result<()> {
-    let live: Option<i64> = sqlx::query_scalar(
-        "SELECT 1 FROM dockhand_actions WHERE id = ? AND status = 'running' AND lease_token = ?",
-    )
-    .bind(chunk.id)
-    .bind(chunk.token)
-    .fetch_optional(conn)
-    .await
-    .map_err(Error::db(op))?;
-    live.map(|_| ()).ok_or_else(|| chunk.lost())
-}
 
 fn no_row(parent: i64, idx: i32) -> Error {
     Error::invalid("idx", format!("job {parent} has no worklist row {idx}"))
@@ -145,9 +127,9 @@ pub(super) async fn enqueue_due(
 pub(super) async fn fan_out(
     store: &SqliteStore,
     parent: i64,
+    fence: Option<Lease>,
     items: &[WorkItem],
-    chunk_size: i32,
-    child_step: i32,
+    (chunk_size, child_step): (i32, i32),
     contract: &str,
     now: DateTime<Utc>,
 ) -> Result<FanOutOutcome> {
@@ -171,6 +153,10 @@ pub(super) async fn fan_out(
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::invalid("sidecar", e.to_string()))?;
     let mut tx = store.begin_write("fan_out").await?;
+    if let Err(e) = output_fence(&mut tx, fence, "fan_out").await {
+        tx.rollback().await.map_err(Error::db("fan_out"))?;
+        return Err(e);
+    }
     let existing: Option<Option<String>> =
         sqlx::query_scalar("SELECT batch_contract FROM dockhand_jobs WHERE id = ?")
             .bind(parent)
@@ -257,7 +243,7 @@ pub(super) async fn lease_work(
     now: DateTime<Utc>,
 ) -> Result<Vec<WorkRow>> {
     let mut tx = store.begin_write("lease_work").await?;
-    if let Err(e) = chunk_fence(&mut tx, chunk, "lease_work").await {
+    if let Err(e) = run_fence(&mut tx, chunk, "lease_work").await {
         tx.rollback().await.map_err(Error::db("lease_work"))?;
         return Err(e);
     }
@@ -314,7 +300,7 @@ pub(super) async fn create_child(
     let (parent, idx) = (c.parent_id, c.idx);
     let op = "create_child";
     let mut tx = store.begin_write(op).await?;
-    if let Err(e) = chunk_fence(&mut tx, chunk, op).await {
+    if let Err(e) = run_fence(&mut tx, chunk, op).await {
         tx.rollback().await.map_err(Error::db(op))?;
         return Err(e);
     }
@@ -467,7 +453,7 @@ pub(super) async fn settle_work(
 ) -> Result<()> {
     let op = "settle_work";
     let mut tx = store.begin_write(op).await?;
-    if let Err(e) = chunk_fence(&mut tx, chunk, op).await {
+    if let Err(e) = run_fence(&mut tx, chunk, op).await {
         tx.rollback().await.map_err(Error::db(op))?;
         return Err(e);
     }

@@ -111,7 +111,7 @@ pub(super) async fn parent_with(store: &SqliteStore, n: usize) -> (i64, Vec<Desc
     }
     let items: Vec<_> = (0..n).map(|i| item(i, vec![claims[i].clone()])).collect();
     let r = store
-        .fan_out(parent, &items, 10, 2, "c", t0())
+        .fan_out(parent, None, &items, (10, 2), "c", t0())
         .await
         .unwrap();
     assert_eq!(r, FanOutOutcome::Created);
@@ -135,9 +135,13 @@ pub(super) async fn fan_out_creates_adopts_and_rejects() {
     );
     assert_eq!(st.status, Some(JobStatus::Pending));
     let again: Vec<_> = (0..5).map(|i| item(i, vec![])).collect();
-    let r = store.fan_out(parent, &again, 10, 2, "c", t0()).await;
+    let r = store
+        .fan_out(parent, None, &again, (10, 2), "c", t0())
+        .await;
     assert_eq!(r.unwrap(), FanOutOutcome::Adopted);
-    let r = store.fan_out(parent, &again, 10, 2, "other", t0()).await;
+    let r = store
+        .fan_out(parent, None, &again, (10, 2), "other", t0())
+        .await;
     assert_eq!(
         r.unwrap(),
         FanOutOutcome::Rejected {
@@ -157,9 +161,9 @@ pub(super) async fn fan_out_creates_adopts_and_rejects() {
         .unwrap();
     assert_eq!(rows[1].sidecar, vec![claims[1].clone()]);
 
-    let missing = store.fan_out(999, &again, 10, 2, "c", t0()).await;
+    let missing = store.fan_out(999, None, &again, (10, 2), "c", t0()).await;
     assert!(matches!(missing, Err(Error::NotFound { what: "job", .. })));
-    let empty = store.fan_out(parent, &[], 10, 2, "c", t0()).await;
+    let empty = store.fan_out(parent, None, &[], (10, 2), "c", t0()).await;
     assert!(matches!(
         empty,
         Err(Error::InvalidInput {
@@ -178,7 +182,7 @@ pub(super) async fn fan_out_creates_adopts_and_rejects() {
     let big = new_job(&store).await;
     let many: Vec<_> = (0..8_100).map(|i| item(i, vec![])).collect();
     store
-        .fan_out(big, &many, 100, 1, "big", t0())
+        .fan_out(big, None, &many, (100, 1), "big", t0())
         .await
         .unwrap();
     assert_eq!(state(&store, big).await.ready, 8_100);

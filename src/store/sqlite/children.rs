@@ -9,7 +9,8 @@
 //! `json_each` outside), never by the parent's whole worklist. Claims are found by token (`INDEXED BY`, migration 0015), not among the
 //! parent's claims, which may be every item of the batch.
 
-use super::batch::{chunk_fence, discard_row, refusal};
+use super::batch::{discard_row, refusal};
+use super::lease_fence::run_fence;
 use super::{ms, SqliteStore};
 use crate::batch::{sidecar_text_is_malformed, ChildOutcome, ChildSpec, DiscardCause, RunBy};
 use crate::error::{Error, Result};
@@ -46,7 +47,7 @@ pub(super) async fn create_children(
         ));
     }
     let mut tx = store.begin_write(op).await?;
-    if let Err(e) = chunk_fence(&mut tx, chunk, op).await {
+    if let Err(e) = run_fence(&mut tx, chunk, op).await {
         tx.rollback().await.map_err(Error::db(op))?;
         return Err(e);
     }

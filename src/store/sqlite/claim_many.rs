@@ -7,8 +7,8 @@
 //! statement per request, in order, so a repeated identity sees the claim an earlier request
 //! took. Measured: 10,000 claims in 20 calls 630 ms → ~110 ms of SQL (W4's claim step).
 
-use super::claim_upkeep::run_fence;
 use super::claims::{claim_on, config_json, job_state};
+use super::lease_fence::run_fence;
 use super::{ms, SqliteStore};
 use crate::claims::{ClaimItemRequest, ClaimOutcome, Descriptor};
 use crate::error::{Error, Result};

@@ -2,12 +2,12 @@
 //! of live jobs ([`crate::Store::renew_claims`]) and releasing the claims superseded step runs
 //! took ([`crate::Store::release_superseded_claims`]) — and the step-run fence a claim takes.
 
+use super::lease_fence::run_fence;
 use super::{ms, SqliteStore};
 use crate::claims::ClaimRun;
 use crate::error::{Error, Result};
-use crate::store::Lease;
 use chrono::{DateTime, Utc};
-use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
+use sqlx::{QueryBuilder, Sqlite};
 
 /// One bounded batch: the due claims of live jobs, soonest expiry first (over the partial
 /// index on `expires_at`), under the single writer.
@@ -107,23 +107,4 @@ pub(super) async fn release_superseded_claims(
     }
     tx.commit().await.map_err(Error::db(op))?;
     Ok(released)
-}
-
-/// Fails with [`Error::LeaseLost`] unless action `lease.id` still runs under `lease.token`.
-/// Read inside the caller's `BEGIN IMMEDIATE` transaction: the reaper and the runner's claim are
-/// writers too, so the lease cannot change before the caller commits.
-pub(super) async fn run_fence(
-    conn: &mut SqliteConnection,
-    lease: Lease,
-    op: &'static str,
-) -> Result<()> {
-    let live: Option<i64> = sqlx::query_scalar(
-        "SELECT 1 FROM dockhand_actions WHERE id = ? AND status = 'running' AND lease_token = ?",
-    )
-    .bind(lease.id)
-    .bind(lease.token)
-    .fetch_optional(conn)
-    .await
-    .map_err(Error::db(op))?;
-    live.map(|_| ()).ok_or_else(|| lease.lost())
 }

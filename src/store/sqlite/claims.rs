@@ -8,7 +8,7 @@
 //! when the job is final or the run lost its lease; completing re-runs the transaction on a
 //! handler's transient failure.
 
-use super::claim_upkeep::run_fence;
+use super::lease_fence::run_fence;
 use super::{from_ms, ms, SqliteStore};
 use crate::claims::completion::run_in_tx;
 use crate::claims::ledger::TrackedItem;

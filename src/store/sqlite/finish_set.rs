@@ -66,7 +66,7 @@ async fn runs_held(
                 }
                 ok
             }
-            Some(l) => super::grouped::lease_live(tx, l).await?,
+            Some(l) => super::lease_fence::lease_live(tx, l, "finish_jobs (lease)").await?,
         };
         held.push(ok);
     }

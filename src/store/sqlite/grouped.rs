@@ -17,7 +17,6 @@ use crate::error::{Error, Result};
 use crate::jobs::{FinishRequest, GroupFinished, StepStart};
 use crate::state::ParentView;
 use crate::store::finish_group::{check_final, in_request_order, job_order, RollBack, SetFinished};
-use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use sqlx::{Row, SqliteConnection};
 
@@ -146,19 +145,6 @@ pub(super) const START_STEPS: &str =
      WHERE dockhand_jobs.id = s.id AND dockhand_jobs.step_index = s.step
        AND +dockhand_jobs.status = 'pending'
      RETURNING dockhand_jobs.id";
-
-/// Whether `lease` is still a running action's, on the open transaction.
-pub(super) async fn lease_live(conn: &mut SqliteConnection, lease: Lease) -> Result<bool> {
-    let row: Option<(i64,)> = sqlx::query_as(
-        "SELECT 1 FROM dockhand_actions WHERE id = ? AND status = 'running' AND lease_token = ?",
-    )
-    .bind(lease.id)
-    .bind(lease.token)
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(Error::db("finish_jobs (lease)"))?;
-    Ok(row.is_some())
-}
 
 /// See [`crate::Store::finish_jobs`].
 pub(super) async fn finish_jobs(

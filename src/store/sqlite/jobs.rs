@@ -4,11 +4,13 @@
 //! Every transition is a compare-and-swap on (`id`, `step_index`, `status`); a step action is
 //! enqueued with [`enqueue_one`] in the same `BEGIN IMMEDIATE` transaction that moves the job.
 
+use super::lease_fence::output_fence;
 use super::{enqueue::enqueue_one, from_ms, ms, SqliteStore};
 use crate::batch::rerun::mark_rerun_by;
 use crate::error::{Error, Result};
 use crate::jobs::{Job, JobCreated, JobFilter, NewJob, ScheduleGuard, StepAction, StepStart};
 use crate::state::{step_gate, JobStatus, ParentView, StepGate};
+use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::sqlite::SqliteRow;
@@ -330,6 +332,7 @@ pub(super) async fn start_in_tx(
 pub(super) async fn advance_job(
     store: &SqliteStore,
     job_id: i64,
+    fence: Option<Lease>,
     (from_step, to_step): (i32, i32),
     input_refs: &[String],
     step: &StepAction,
@@ -337,6 +340,10 @@ pub(super) async fn advance_job(
 ) -> Result<bool> {
     let refs = refs_json(input_refs)?;
     let mut tx = store.begin_write("advance_job").await?;
+    if let Err(e) = output_fence(&mut tx, fence, "advance_job").await {
+        tx.rollback().await.map_err(Error::db("advance_job"))?;
+        return Err(e);
+    }
     let done = sqlx::query(
         "UPDATE dockhand_jobs SET step_index = ?, input_refs = ?, updated_at = ?
          WHERE id = ? AND step_index = ? AND status = 'processing'",
@@ -364,12 +371,17 @@ pub(super) async fn advance_job(
 pub(super) async fn park_job(
     store: &SqliteStore,
     job_id: i64,
+    fence: Option<Lease>,
     (from_step, to_step): (i32, i32),
     input_refs: &[String],
     now: DateTime<Utc>,
 ) -> Result<bool> {
     let refs = refs_json(input_refs)?;
     let mut tx = store.begin_write("park_job").await?;
+    if let Err(e) = output_fence(&mut tx, fence, "park_job").await {
+        tx.rollback().await.map_err(Error::db("park_job"))?;
+        return Err(e);
+    }
     let done = sqlx::query(
         "UPDATE dockhand_jobs SET status = 'waiting', step_index = ?, input_refs = ?,
             updated_at = ?

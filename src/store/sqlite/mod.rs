@@ -41,6 +41,7 @@ mod finish_set;
 mod gauges;
 mod grouped;
 mod jobs;
+mod lease_fence;
 pub mod ledger;
 mod limits;
 mod maintenance;
@@ -329,24 +330,24 @@ impl Store for SqliteStore {
     async fn advance_job(
         &self,
         job_id: i64,
-        from_step: i32,
-        to_step: i32,
+        fence: Option<Lease>,
+        steps: (i32, i32),
         input_refs: &[String],
         step: &StepAction,
         now: DateTime<Utc>,
     ) -> Result<bool> {
-        jobs::advance_job(self, job_id, (from_step, to_step), input_refs, step, now).await
+        jobs::advance_job(self, job_id, fence, steps, input_refs, step, now).await
     }
 
     async fn park_job(
         &self,
         job_id: i64,
-        from_step: i32,
-        to_step: i32,
+        fence: Option<Lease>,
+        steps: (i32, i32),
         input_refs: &[String],
         now: DateTime<Utc>,
     ) -> Result<bool> {
-        jobs::park_job(self, job_id, (from_step, to_step), input_refs, now).await
+        jobs::park_job(self, job_id, fence, steps, input_refs, now).await
     }
 
     async fn resume_job(&self, job_id: i64, step: &StepAction, now: DateTime<Utc>) -> Result<bool> {
@@ -469,13 +470,13 @@ impl Store for SqliteStore {
     async fn fan_out(
         &self,
         parent: i64,
+        fence: Option<Lease>,
         items: &[WorkItem],
-        chunk_size: i32,
-        child_step: i32,
+        layout: (i32, i32),
         contract: &str,
         now: DateTime<Utc>,
     ) -> Result<FanOutOutcome> {
-        batch::fan_out(self, parent, items, chunk_size, child_step, contract, now).await
+        batch::fan_out(self, parent, fence, items, layout, contract, now).await
     }
 
     async fn schedule_chunk(

@@ -383,16 +383,16 @@ async fn job_steps_engine_data_and_packets() {
 
     let refs = vec!["v1:abc".to_string()];
     assert!(store
-        .advance_job(job, 0, 1, &refs, &step(), t0())
+        .advance_job(job, None, (0, 1), &refs, &step(), t0())
         .await
         .unwrap());
     assert!(!store
-        .advance_job(job, 0, 1, &refs, &step(), t0())
+        .advance_job(job, None, (0, 1), &refs, &step(), t0())
         .await
         .unwrap());
     assert!(wake.has_changed().unwrap());
     assert_eq!(store.query(&step_hook).await.unwrap().len(), 2);
-    assert!(store.park_job(job, 1, 2, &[], t0()).await.unwrap());
+    assert!(store.park_job(job, None, (1, 2), &[], t0()).await.unwrap());
     assert!(store
         .start_step(job, 2, t0())
         .await

@@ -7,8 +7,7 @@
 //! claims.
 
 use super::{
-    chunk_fence, discard_row, lock_parent, no_row, not_a_batch, parse_status, RELEASE_SIDECARS,
-    RELEASE_UNNAMED,
+    discard_row, lock_parent, no_row, not_a_batch, parse_status, RELEASE_SIDECARS, RELEASE_UNNAMED,
 };
 use crate::batch::{
     decode_sidecar, finalize_action, outcome, sidecar_is_malformed, BatchAbort, BatchState,
@@ -35,7 +34,7 @@ pub(in crate::store::postgres) async fn settle_work(
 ) -> Result<()> {
     let op = "settle_work";
     let mut tx = store.begin(op).await?;
-    chunk_fence(&mut tx, chunk, op).await?;
+    super::super::lease_fence::run_fence(&mut tx, chunk, op).await?;
     let row = sqlx::query(
         "SELECT state, attempts FROM dockhand_worklist WHERE parent_id = $1 AND idx = $2
          FOR UPDATE",

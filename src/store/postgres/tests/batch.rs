@@ -19,11 +19,20 @@ async fn fan_out_created_adopted_rejected() {
     };
     let now = t0();
     let (p, items) = parent_with_items(&s, 3).await;
-    let e = s.fan_out(p, &[], 2, 1, "c1", now).await.unwrap_err();
+    let e = s
+        .fan_out(p, None, &[], (2, 1), "c1", now)
+        .await
+        .unwrap_err();
     assert_eq!(invalid(e), "packets");
-    let e = s.fan_out(p, &items, 0, 1, "c1", now).await.unwrap_err();
+    let e = s
+        .fan_out(p, None, &items, (0, 1), "c1", now)
+        .await
+        .unwrap_err();
     assert_eq!(invalid(e), "chunk_size");
-    let e = s.fan_out(999, &items, 2, 1, "c1", now).await.unwrap_err();
+    let e = s
+        .fan_out(999, None, &items, (2, 1), "c1", now)
+        .await
+        .unwrap_err();
     assert!(
         matches!(
             e,
@@ -41,7 +50,7 @@ async fn fan_out_created_adopted_rejected() {
     );
     assert_eq!(s.batch_state(999).await.unwrap(), None);
 
-    let created = s.fan_out(p, &items, 2, 1, "c1", now).await.unwrap();
+    let created = s.fan_out(p, None, &items, (2, 1), "c1", now).await.unwrap();
     assert_eq!(created, FanOutOutcome::Created);
     let st = s.batch_state(p).await.unwrap().unwrap();
     assert_eq!(st.status, Some(JobStatus::Pending));
@@ -50,9 +59,12 @@ async fn fan_out_created_adopted_rejected() {
         (3, 3, 2, 1)
     );
     assert!(!st.fenced && st.outcome.is_none());
-    let adopted = s.fan_out(p, &items, 2, 1, "c1", now).await.unwrap();
+    let adopted = s.fan_out(p, None, &items, (2, 1), "c1", now).await.unwrap();
     assert_eq!(adopted, FanOutOutcome::Adopted);
-    let rejected = s.fan_out(p, &items[..1], 2, 1, "c2", now).await.unwrap();
+    let rejected = s
+        .fan_out(p, None, &items[..1], (2, 1), "c2", now)
+        .await
+        .unwrap();
     assert_eq!(
         rejected,
         FanOutOutcome::Rejected {
@@ -105,7 +117,7 @@ async fn concurrent_leasers_get_disjoint_rows() {
     let now = t0();
     let until = now + Duration::minutes(5);
     let (p, items) = parent_with_items(&s, 40).await;
-    s.fan_out(p, &items, 5, 1, "c", now).await.unwrap();
+    s.fan_out(p, None, &items, (5, 1), "c", now).await.unwrap();
     assert!(s
         .lease_work(p, 0, running_lease(&*s, "w", now).await, until, now)
         .await
@@ -195,7 +207,7 @@ async fn create_child_hands_over_claims_and_adopts_repeats() {
     };
     let now = t0();
     let (p, items) = parent_with_items(&s, 2).await;
-    s.fan_out(p, &items, 10, 1, "c", now).await.unwrap();
+    s.fan_out(p, None, &items, (10, 1), "c", now).await.unwrap();
     s.lease_work(
         p,
         10,
@@ -300,7 +312,7 @@ async fn settle_retries_up_to_the_bound_then_discards_and_releases() {
             .unwrap(),
     );
     items[1].sidecar.push(foreign.clone());
-    s.fan_out(p, &items, 10, 1, "c", now).await.unwrap();
+    s.fan_out(p, None, &items, (10, 1), "c", now).await.unwrap();
     s.lease_work(p, 10, running_lease(&s, "w", now).await, until, now)
         .await
         .unwrap();

@@ -24,7 +24,7 @@ async fn fence_and_the_child_counters_enqueue_finalize_once() {
 
     // A: fenced while both children are active; the last child's bridge enqueues finalize.
     let (a, items) = parent_with_items(&s, 2).await;
-    s.fan_out(a, &items, 10, 1, "c", now).await.unwrap();
+    s.fan_out(a, None, &items, (10, 1), "c", now).await.unwrap();
     s.lease_work(a, 10, running_lease(&s, "w", now).await, until, now)
         .await
         .unwrap();
@@ -94,7 +94,7 @@ async fn fence_and_the_child_counters_enqueue_finalize_once() {
 
     // B: no child at all (the row was discarded): the fence enqueues finalize itself, once.
     let (b, items) = parent_with_items(&s, 1).await;
-    s.fan_out(b, &items, 10, 1, "c", now).await.unwrap();
+    s.fan_out(b, None, &items, (10, 1), "c", now).await.unwrap();
     let discard = RowSettle::Discard { reason: "x".into() };
     s.settle_work(b, 0, running_lease(&s, "w", now).await, &discard, now)
         .await
@@ -113,7 +113,7 @@ async fn fence_and_the_child_counters_enqueue_finalize_once() {
 
     // C: every child terminal before the fence (not fenced then: no finalize from the bridge).
     let (c, items) = parent_with_items(&s, 1).await;
-    s.fan_out(c, &items, 10, 1, "c", now).await.unwrap();
+    s.fan_out(c, None, &items, (10, 1), "c", now).await.unwrap();
     s.lease_work(c, 10, running_lease(&s, "w", now).await, until, now)
         .await
         .unwrap();
@@ -148,7 +148,7 @@ async fn abort_discards_ready_rows_and_cleanup_waits_for_final() {
     };
     let now = t0();
     let (p, items) = parent_with_items(&s, 3).await;
-    s.fan_out(p, &items, 10, 1, "c", now).await.unwrap();
+    s.fan_out(p, None, &items, (10, 1), "c", now).await.unwrap();
     let e = s
         .abort_batch(new_job(&s).await, BatchAbort::cancel(), now)
         .await
@@ -209,7 +209,7 @@ async fn abort_discards_ready_rows_and_cleanup_waits_for_final() {
 
     // A schedule failure on a fresh batch.
     let (q, items) = parent_with_items(&s, 2).await;
-    s.fan_out(q, &items, 10, 1, "c", now).await.unwrap();
+    s.fan_out(q, None, &items, (10, 1), "c", now).await.unwrap();
     let st = s
         .abort_batch(q, BatchAbort::ScheduleFailed, now)
         .await
@@ -236,7 +236,7 @@ async fn parent_key_share_lets_counters_through_and_holds_stops() {
     let until = now + Duration::minutes(5);
     let reg = CompletionRegistry::with_builtins();
     let (a, items) = parent_with_items(&s, 2).await;
-    s.fan_out(a, &items, 10, 1, "c", now).await.unwrap();
+    s.fan_out(a, None, &items, (10, 1), "c", now).await.unwrap();
     s.lease_work(a, 10, running_lease(&s, "w", now).await, until, now)
         .await
         .unwrap();

@@ -231,14 +231,19 @@ async fn job_steps_engine_data_and_packets() {
         JobStatus::Processing
     );
     let refs = vec!["v1:def".to_string()];
-    assert!(s.advance_job(id, 0, 1, &refs, &step(), now).await.unwrap());
+    assert!(s
+        .advance_job(id, None, (0, 1), &refs, &step(), now)
+        .await
+        .unwrap());
     assert!(
-        !s.advance_job(id, 0, 1, &refs, &step(), now).await.unwrap(),
+        !s.advance_job(id, None, (0, 1), &refs, &step(), now)
+            .await
+            .unwrap(),
         "moved on"
     );
     assert_eq!(steps(2).await[1].args, json!({"job": id, "step": 1}));
-    assert!(s.park_job(id, 1, 2, &[], now).await.unwrap());
-    assert!(!s.park_job(id, 1, 2, &[], now).await.unwrap());
+    assert!(s.park_job(id, None, (1, 2), &[], now).await.unwrap());
+    assert!(!s.park_job(id, None, (1, 2), &[], now).await.unwrap());
     assert!(
         s.start_step(id, 2, now).await.unwrap().job().is_none(),
         "waiting"

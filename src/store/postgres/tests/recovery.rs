@@ -48,12 +48,16 @@ async fn job_liveness_reports_what_drives_each_job() {
     // A batch parent driven by a chunk action only.
     let (chunked, items) = parent_with_items(&s, 1).await;
     s.start_step(chunked, 0, now).await.unwrap();
-    s.fan_out(chunked, &items, 10, 1, "c", now).await.unwrap();
+    s.fan_out(chunked, None, &items, (10, 1), "c", now)
+        .await
+        .unwrap();
     complete_actions(&s, &format!("j:{chunked}:")).await;
     s.schedule_chunk(chunked, 0, 0, now).await.unwrap();
     // A fenced parent waiting on one active child.
     let (waiting, items) = parent_with_items(&s, 1).await;
-    s.fan_out(waiting, &items, 10, 1, "c", now).await.unwrap();
+    s.fan_out(waiting, None, &items, (10, 1), "c", now)
+        .await
+        .unwrap();
     complete_actions(&s, &format!("j:{waiting}:")).await;
     s.lease_work(
         waiting,
@@ -131,7 +135,9 @@ async fn audit_finds_planted_violations() {
             .unwrap(),
     );
     let (batch, items) = parent_with_items(&s, 1).await;
-    s.fan_out(batch, &items, 10, 1, "c", now).await.unwrap();
+    s.fan_out(batch, None, &items, (10, 1), "c", now)
+        .await
+        .unwrap();
     s.lease_work(
         batch,
         10,
@@ -173,7 +179,9 @@ async fn audit_finds_planted_violations() {
     complete_actions(&s, &format!("j:{stuck}:")).await;
     // (3) A fenced parent, no child, whose finalize action was cancelled.
     let (fenced, items) = parent_with_items(&s, 1).await;
-    s.fan_out(fenced, &items, 10, 1, "c", now).await.unwrap();
+    s.fan_out(fenced, None, &items, (10, 1), "c", now)
+        .await
+        .unwrap();
     complete_actions(&s, &format!("j:{fenced}:")).await;
     let discard = RowSettle::Discard { reason: "x".into() };
     s.settle_work(fenced, 0, running_lease(&s, "w", now).await, &discard, now)

@@ -3,8 +3,7 @@
 //! `chromedriver` is not installed, unless `DOCKHAND_E2E_REQUIRED=1` (set by `.ci/run`), which
 //! makes a missing browser a failure.
 
-#![forbid(unsafe_code)]
-
+use crate::webdriver::Client;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use dockhand::cli::UiArgs;
 use dockhand::store::{ClaimRequest, Finish};
@@ -13,13 +12,12 @@ use dockhand::{
     ActionSpec, DynStore, HandlerError, OffsetClock, Packet, Pipeline, Queue, Recurrence, Runtime,
     ScheduleSpec, StepContext, StepOutput, SystemClock, TestClock,
 };
-use fantoccini::{Client, ClientBuilder};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::process::{Child, Command};
 use std::sync::Arc;
-use tokio::process::{Child, Command};
 
 /// The screenshots the README shows, kept in `docs/screenshots/`.
 pub const DOCS_SHOTS: [&str; 4] = ["overview", "actions", "batch", "batch-theme-toggled"];
@@ -301,7 +299,6 @@ impl Browser {
             .arg("--enable-chrome-logs")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .kill_on_drop(true)
             .spawn()
             .expect("start chromedriver");
         let caps = json!({
@@ -323,19 +320,10 @@ impl Browser {
                 ]
             }
         });
-        let caps = match caps {
-            serde_json::Value::Object(m) => m,
-            _ => unreachable!("a literal object"),
-        };
-        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
         let mut last_err = String::new();
         // chromedriver takes a moment to listen; try for up to 10 s.
         for _ in 0..100 {
-            match ClientBuilder::new(connector.clone())
-                .capabilities(caps.clone())
-                .connect(&format!("http://127.0.0.1:{port}"))
-                .await
-            {
+            match Client::connect(port, caps.clone()).await {
                 Ok(client) => {
                     return Browser {
                         client,
@@ -348,6 +336,9 @@ impl Browser {
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
+        let mut driver = driver;
+        let _ = driver.kill();
+        let _ = driver.wait();
         panic!("chromedriver did not answer on port {port}: {last_err}");
     }
 
@@ -374,7 +365,7 @@ impl Browser {
     /// shows ([`DOCS_SHOTS`]), to `docs/screenshots/` with `DOCKHAND_UPDATE_SCREENSHOTS=1`.
     pub async fn shot(&self, name: &str) {
         let png = self.client.screenshot().await.expect("screenshot");
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut dirs = vec![root.join("target/e2e-shots")];
         if DOCS_SHOTS.contains(&name)
             && std::env::var("DOCKHAND_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1")
@@ -388,8 +379,16 @@ impl Browser {
     }
 
     /// Ends the session and stops chromedriver.
-    pub async fn close(mut self) {
-        let _ = self.client.clone().close().await;
-        let _ = self.driver.kill().await;
+    pub async fn close(self) {
+        let _ = self.client.close().await;
+        // `Drop` stops chromedriver.
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // A failed assertion unwinds through here too: no chromedriver outlives its test.
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
     }
 }

@@ -4,8 +4,8 @@
 //! 421 and shows nothing of the dashboard; script on that origin cannot read a page or post a
 //! change (the paused group stays paused); the same server under 127.0.0.1 works.
 
-use dockhand_e2e::{browser_available, Browser, Dashboard, REBIND_HOST};
-use fantoccini::Locator;
+use crate::harness::{browser_available, Browser, Dashboard, REBIND_HOST};
+use crate::webdriver::Locator;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,11 +4,10 @@
 //! the database; a bulk dry run counts; the theme toggles; screenshots of each page land in
 //! `target/e2e-shots/`.
 
+use crate::harness::{browser_available, Browser, Dashboard};
+use crate::webdriver::{Key, Locator};
 use dockhand::store::Store;
 use dockhand::ActionStatus;
-use dockhand_e2e::{browser_available, Browser, Dashboard};
-use fantoccini::key::Key;
-use fantoccini::Locator;
 use std::time::Duration;
 
 async fn wait_text(b: &Browser, css: &str, needle: &str) -> String {
