@@ -46,6 +46,8 @@ conformance!(
     store_logs_record_the_lifecycle,
     store_created_entry_comes_from_the_row,
     store_completed_entry_comes_from_the_row,
+    store_started_entry_comes_from_the_row,
+    store_started_entry_before_0020_is_not_doubled,
     store_finish_many_guards_each_row,
     store_read_only_writes_are_permanent_errors,
     // Item claims (S-C1 … S-C11)

@@ -10,6 +10,7 @@
 //! parent's claims, which may be every item of the batch.
 
 use super::batch::{discard_row, refusal};
+use super::claim::claim_started_sql;
 use super::lease_fence::run_fence;
 use super::{ms, SqliteStore};
 use crate::batch::{sidecar_text_is_malformed, ChildOutcome, ChildSpec, DiscardCause, RunBy};
@@ -194,7 +195,7 @@ async fn create_in_tx(
 }
 
 /// Leases the just-inserted step actions `(id, unique key)` to `by` as a claim would (running,
-/// token + 1, attempt + 1; the `started` log entry comes from the claim trigger of 0004),
+/// token + 1, attempt + 1, the `started` entry recorded in the row),
 /// except those in a paused or limited group, which stay pending for the runners; the leases
 /// by unique key.
 async fn lease_steps(
@@ -204,16 +205,18 @@ async fn lease_steps(
     now: DateTime<Utc>,
 ) -> Result<HashMap<String, Lease>> {
     let ids: Vec<i64> = inserted.iter().map(|(id, _)| *id).collect();
-    let rows: Vec<(i64, i64)> = sqlx::query_as(
+    let rows: Vec<(i64, i64)> = sqlx::query_as(concat!(
         "UPDATE dockhand_actions
          SET status = 'running', lease_owner = ?1, lease_token = lease_token + 1,
-             lease_until = ?2, attempt = attempt + 1, started_at = ?3
+             lease_until = ?2, attempt = attempt + 1, ",
+        claim_started_sql!(),
+        "
          WHERE id IN (SELECT value FROM json_each(?4)) AND status = 'pending'
            AND (group_name IS NULL
                 OR group_name NOT IN (SELECT group_name FROM dockhand_group_pauses
                                       UNION ALL SELECT group_name FROM dockhand_group_limits))
-         RETURNING id, lease_token",
-    )
+         RETURNING id, lease_token"
+    ))
     .bind(&by.owner)
     .bind(ms(by.lease_until))
     .bind(ms(now))

@@ -3,8 +3,9 @@
 //! Claim SQL (Q3): one `UPDATE … WHERE id IN (SELECT … ORDER BY priority, scheduled_at, id
 //! LIMIT n) RETURNING …` over the partial claim index, in autocommit mode (one statement is
 //! atomic; SQLite's single writer serialises claimers). The hook filter and the routing
-//! ([`crate::store::Routing`]) are filters on that ordered scan. The `started` log rows are written by
-//! the `dockhand_actions_log_started` trigger (migration 0004) inside the same statement.
+//! ([`crate::store::Routing`]) are filters on that ordered scan. A claim writes no `started` log row: it
+//! records the attempt in the row ([`claim_started_sql`], migration 0020), and the
+//! `dockhand_actions_log_restarted` trigger stores the previous attempt's entry on a re-claim.
 //! Limited groups (migration 0016) are left out of this pick; the statement also says whether
 //! any exist, and while some do claims take the limited path of [`super::limits`].
 
@@ -20,9 +21,12 @@ use sqlx::Row;
 /// completions.
 macro_rules! claim_sql {
     () => {
-        "UPDATE dockhand_actions
+        concat!(
+            "UPDATE dockhand_actions
  SET status = 'running', lease_owner = ?1, lease_token = lease_token + 1, lease_until = ?2,
-     attempt = attempt + 1, started_at = ?3
+     attempt = attempt + 1, ",
+            claim_started_sql!(),
+            "
  WHERE id IN (
      SELECT id FROM dockhand_actions
      WHERE status = 'pending' AND scheduled_at <= ?3
@@ -36,9 +40,22 @@ macro_rules! claim_sql {
      LIMIT ?4)
  RETURNING id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms,
            lease_token, priority, EXISTS (SELECT 1 FROM dockhand_group_limits) AS limited"
+        )
     };
 }
 pub(super) use claim_sql;
+
+/// The columns every claim statement sets for the attempt's `started` log entry (migration
+/// 0020; binds: 1 owner, 3 now): `started_at`, `started_by` and `started_after`, the
+/// action's largest stored log id (0 if none), an index probe on
+/// `dockhand_action_logs_action`. The log queries place the entry right after that id.
+macro_rules! claim_started_sql {
+    () => {
+        "started_at = ?3, started_by = ?1, started_after = COALESCE((SELECT MAX(l.id)
+     FROM dockhand_action_logs l WHERE l.action_id = dockhand_actions.id), 0)"
+    };
+}
+pub(super) use claim_started_sql;
 
 pub(super) const CLAIM: &str = claim_sql!();
 

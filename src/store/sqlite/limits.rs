@@ -9,7 +9,7 @@
 //! `allowance` due actions, keep the first `limit` of them in claim order, claim those, and
 //! record the starts of rate-limited groups. Times are milliseconds, as stored.
 
-use super::claim::{decode_claimed, filter_json};
+use super::claim::{claim_started_sql, decode_claimed, filter_json};
 use super::{from_ms, ms, SqliteStore};
 use crate::error::{Error, Result};
 use crate::limits::{
@@ -66,14 +66,18 @@ const OCCUPIED: &str = "SELECT
     WHERE status IN ('complete', 'failed', 'canceled') AND finished_at > ?2
       AND group_name = ?1)";
 
-/// Claims the chosen ids (binds: 1 owner, 2 lease_until, 3 now, 4 ids as JSON); the
-/// `started` log rows come from the trigger of migration 0004.
-const CLAIM_IDS: &str = "UPDATE dockhand_actions
+/// Claims the chosen ids (binds: 1 owner, 2 lease_until, 3 now, 4 ids as JSON), recording
+/// each attempt's `started` entry in its row as every claim does.
+const CLAIM_IDS: &str = concat!(
+    "UPDATE dockhand_actions
  SET status = 'running', lease_owner = ?1, lease_token = lease_token + 1, lease_until = ?2,
-     attempt = attempt + 1, started_at = ?3
+     attempt = attempt + 1, ",
+    claim_started_sql!(),
+    "
  WHERE status = 'pending' AND id IN (SELECT value FROM json_each(?4))
  RETURNING id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms,
-           lease_token, priority";
+           lease_token, priority"
+);
 
 fn limit_state(row: &SqliteRow) -> Result<LimitState> {
     let d = || Error::db("group limits");

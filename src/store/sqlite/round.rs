@@ -6,7 +6,7 @@
 //! two calls of the trait's default, and so does every round while group limits exist (the
 //! limited claim of [`super::limits`] then runs after the finishes' commit).
 
-use super::claim::{claim_sql, decode_claimed, filter_json, limited_flag};
+use super::claim::{claim_sql, claim_started_sql, decode_claimed, filter_json, limited_flag};
 use super::finish::{complete_pairs, complete_set_sql, log_lost_completions};
 use super::{ms, SqliteStore};
 use crate::error::{Error, Result};

@@ -3,7 +3,7 @@
 //! Each sort walks its own index (migration 0005); no query uses OFFSET.
 
 use super::args_match::push_args_contains;
-use super::query::{push_hook, Reads, LOG_FROM_ROW};
+use super::query::{push_hook, Reads, LOG_FROM_ROW, STORED_LOG_KEY};
 use super::{from_ms, ms, SqliteStore};
 use crate::action::ActionLog;
 use crate::error::{Error, Result};
@@ -240,14 +240,15 @@ pub(super) async fn throughput(
 pub(super) async fn logs_tail(store: &SqliteStore, id: i64, limit: i64) -> Result<Vec<ActionLog>> {
     let sql = format!(
         "SELECT action_id, at, event, detail FROM (
-             SELECT k, action_id, at, event, detail FROM ({LOG_FROM_ROW}
+             SELECT k, t, action_id, at, event, detail FROM ({LOG_FROM_ROW}
                  UNION ALL
-                 SELECT k, action_id, at, event, detail FROM (
-                     SELECT id AS k, action_id, at, event, detail FROM dockhand_action_logs
-                     WHERE action_id = ?1 ORDER BY id DESC LIMIT ?2
+                 SELECT k, t, action_id, at, event, detail FROM (
+                     SELECT {STORED_LOG_KEY} AS k, id AS t, action_id, at, event, detail
+                     FROM dockhand_action_logs
+                     WHERE action_id = ?1 ORDER BY k DESC, t DESC LIMIT ?2
                  ) AS recent
-             ) AS merged ORDER BY k DESC LIMIT ?2
-         ) AS tail ORDER BY k"
+             ) AS merged ORDER BY k DESC, t DESC LIMIT ?2
+         ) AS tail ORDER BY k, t"
     );
     let rows = sqlx::query(&sql)
         .bind(id)

@@ -1,0 +1,4 @@
+-- dockhand 0020: on SQLite a claim no longer stores the `started` log row (the log queries read
+-- the latest attempt's entry from the action's row). PostgreSQL still stores it; this migration
+-- keeps the numbers of the three backends in step.
+SELECT 1;
