@@ -349,7 +349,7 @@ async fn insert_children(
 }
 
 /// Leases the just-enqueued step actions to `by` as a claim would (running, token + 1,
-/// attempt + 1, a `started` log row), except those in a paused or limited group, which stay
+/// attempt + 1, the `started` entry recorded in the row), except those in a paused or limited group, which stay
 /// pending for the runners; the leases by unique key.
 async fn lease_steps(
     conn: &mut PgConnection,
@@ -365,15 +365,14 @@ async fn lease_steps(
         "WITH leased AS (
              UPDATE dockhand_actions a
              SET status = 'running', lease_owner = $1, lease_token = a.lease_token + 1,
-                 lease_until = $2, attempt = a.attempt + 1, started_at = $3
+                 lease_until = $2, attempt = a.attempt + 1, started_at = $3,
+                 started_by = $1, started_after = COALESCE(
+                     (SELECT MAX(l.id) FROM dockhand_action_logs l WHERE l.action_id = a.id), 0)
              WHERE a.unique_key = ANY($4::text[]) AND a.status = 'pending'
                AND (a.group_name IS NULL
                     OR a.group_name NOT IN (SELECT group_name FROM dockhand_group_pauses
                                             UNION ALL SELECT group_name FROM dockhand_group_limits))
-             RETURNING a.id, a.unique_key, a.lease_token),
-         logged AS (
-             INSERT INTO dockhand_action_logs (action_id, at, event, detail)
-             SELECT id, $3, 'started', $1 FROM leased)
+             RETURNING a.id, a.unique_key, a.lease_token)
          SELECT id, unique_key, lease_token FROM leased",
     )
     .bind(&by.owner)

@@ -4,8 +4,9 @@
 //! groups, 0009 adds the routing of [`crate::store::Routing`]) locks up to n due
 //! pending rows in (priority, scheduled_at, id) order with `FOR UPDATE SKIP LOCKED` (concurrent
 //! claimers take disjoint rows without waiting) through the ordered partial claim index, whatever
-//! the table's statistics say; `claimed` stamps the lease and counts the attempt, `logged` writes
-//! one `started` row per claimed action. Limited groups (0016) are left out of the pick too; the
+//! the table's statistics say; `claimed` stamps the lease, counts the attempt and records its
+//! `started` log entry in the row (migration 0020: `started_by`, `started_after`; only a
+//! re-claim stores the previous attempt's entry, by trigger). Limited groups (0016) are left out of the pick too; the
 //! statement also says whether any exist, and while some do claims take the limited path of
 //! [`super::limits`].
 //!
@@ -27,12 +28,10 @@ use sqlx::Row;
 const CLAIM: &str = "WITH claimed AS (
      UPDATE dockhand_actions a
      SET status = 'running', lease_owner = $3, lease_token = a.lease_token + 1,
-         lease_until = $4, attempt = a.attempt + 1, started_at = $1
+         lease_until = $4, attempt = a.attempt + 1, started_at = $1, started_by = $3, started_after = COALESCE(
+             (SELECT MAX(l.id) FROM dockhand_action_logs l WHERE l.action_id = a.id), 0)
      WHERE a.id = ANY(ARRAY(SELECT dockhand_due_ids($1, $2, $5::text[], $6::text[], $7::text[])))
-     RETURNING a.*),
- logged AS (
-     INSERT INTO dockhand_action_logs (action_id, at, event, detail)
-     SELECT id, $1, 'started', $3 FROM claimed)
+     RETURNING a.*)
  SELECT id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms, lease_token,
         (SELECT EXISTS (SELECT 1 FROM dockhand_group_limits)) AS limited
  FROM claimed

@@ -124,38 +124,51 @@ pub(super) async fn get(store: &PgStore, id: i64) -> Result<Option<Action>> {
     row.as_ref().map(action_from_row).transpose()
 }
 
-/// An action's log entries that are read from its row, not stored (migration 0017): `created`
-/// at `created_at` (first), and for a completed action `completed` at `finished_at`, placed
-/// before the first stored entry after its attempt's `started` row that is not older than it
-/// (a stale owner's refused finish). Each is left out where an action from
-/// before 0017 has it stored. Columns `k` (sort key: stored rows sort by id), `action_id`,
-/// `at`, `event`, `detail`; `$1` is the action id.
+/// An action's log entries that are read from its row, not stored: `created` at `created_at`
+/// (first; migration 0017), the latest attempt's `started` at `started_at` by `started_by`
+/// right after the stored rows it found (`started_after`, migration 0020), and for a
+/// completed action `completed` at `finished_at`, placed before the first stored entry of its
+/// attempt that is not older than it (a stale owner's refused finish). `created` and
+/// `completed` are left out where an action from before 0017 has them stored, `started` where
+/// one claimed before 0020 does (`started_by` is NULL). Columns `k` (sort key), `t` (tie
+/// break), `action_id`, `at`, `event`, `detail`; `$1` is the action id. Stored rows sort by
+/// [`STORED_LOG_KEY`], then id.
 pub(super) const LOG_FROM_ROW: &str = "
-    SELECT -1::float8 AS k, id AS action_id, created_at AS at, 'created'::text AS event,
-           NULL::text AS detail
+    SELECT -1::float8 AS k, 0::float8 AS t, id AS action_id, created_at AS at,
+           'created'::text AS event, NULL::text AS detail
     FROM dockhand_actions
     WHERE id = $1
       AND (SELECT event FROM dockhand_action_logs
            WHERE action_id = $1 ORDER BY id LIMIT 1) IS DISTINCT FROM 'created'
     UNION ALL
+    SELECT started_after::float8 + 0.25, 9.0e18::float8, id, started_at, 'started', started_by
+    FROM dockhand_actions
+    WHERE id = $1 AND started_by IS NOT NULL
+    UNION ALL
     SELECT COALESCE((SELECT MIN(l.id)::float8 FROM dockhand_action_logs l
-                     WHERE l.action_id = $1 AND l.at >= a.finished_at
-                       AND l.id > COALESCE((SELECT MAX(s.id) FROM dockhand_action_logs s
+                     WHERE l.action_id = $1 AND l.at >= a.finished_at AND l.sort_key IS NULL
+                       AND l.id > COALESCE(a.started_after,
+                                           (SELECT MAX(s.id) FROM dockhand_action_logs s
                                             WHERE s.action_id = $1 AND s.event = 'started'),
                                            0)), 9.0e18::float8) - 0.5,
-           a.id, a.finished_at, 'completed', NULL::text
+           9.0e18::float8, a.id, a.finished_at, 'completed', NULL::text
     FROM dockhand_actions a
     WHERE a.id = $1 AND a.status = 'complete'
       AND NOT EXISTS (SELECT 1 FROM dockhand_action_logs l
                       WHERE l.action_id = $1 AND l.event = 'completed')";
 
+/// A stored log row's sort key: its id, or for an attempt's `started` entry stored when the
+/// action was claimed again (migration 0020) the key the row-derived entry had.
+pub(super) const STORED_LOG_KEY: &str = "COALESCE(sort_key, id::float8)";
+
 pub(super) async fn logs(store: &PgStore, id: i64) -> Result<Vec<ActionLog>> {
     let sql = format!(
         "SELECT action_id, at, event, detail FROM ({LOG_FROM_ROW}
              UNION ALL
-             SELECT id::float8, action_id, at, event, detail FROM dockhand_action_logs
+             SELECT {STORED_LOG_KEY}, id::float8, action_id, at, event, detail
+             FROM dockhand_action_logs
              WHERE action_id = $1
-         ) AS merged ORDER BY k"
+         ) AS merged ORDER BY k, t"
     );
     let rows = sqlx::query(&sql)
         .bind(id)

@@ -1,6 +1,7 @@
-//! PostgreSQL: a runner's round, its completions and its next claim in one statement (four
-//! data-modifying CTEs: the guarded completions, their `completed` log rows, the claim and its
-//! `started` log rows), so they cost one round trip and one WAL flush instead of two of each.
+//! PostgreSQL: a runner's round, its completions and its next claim in one statement (two
+//! data-modifying CTEs: the guarded completions and the claim, which records each attempt's
+//! `started` entry in its row, migration 0020), so they cost one round trip and one WAL flush
+//! instead of two of each.
 //! The completed rows are `running` and the claim picks `pending` ones, so the two updates
 //! never touch the same row. A round with other outcomes than completions takes the two
 //! calls of the trait's default, and so does every round while group limits exist (the
@@ -28,12 +29,10 @@ const ROUND: &str = "WITH done AS (
  claimed AS (
      UPDATE dockhand_actions a
      SET status = 'running', lease_owner = $3, lease_token = a.lease_token + 1,
-         lease_until = $4, attempt = a.attempt + 1, started_at = $1
+         lease_until = $4, attempt = a.attempt + 1, started_at = $1, started_by = $3, started_after = COALESCE(
+             (SELECT MAX(l.id) FROM dockhand_action_logs l WHERE l.action_id = a.id), 0)
      WHERE a.id = ANY(ARRAY(SELECT dockhand_due_ids($1, $2, $5::text[], $6::text[], $7::text[])))
-     RETURNING a.*),
- claim_logged AS (
-     INSERT INTO dockhand_action_logs (action_id, at, event, detail)
-     SELECT id, $1, 'started', $3 FROM claimed)
+     RETURNING a.*)
  SELECT r.*, (SELECT EXISTS (SELECT 1 FROM dockhand_group_limits)) AS limited FROM (
      SELECT true AS done, id, NULL::text AS hook, NULL::jsonb AS args, NULL::text AS group_name,
             NULL::timestamptz AS scheduled_at, NULL::int4 AS attempt,

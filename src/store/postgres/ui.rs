@@ -4,7 +4,7 @@
 //! milliseconds and bound back as `timestamptz` (stored times are whole milliseconds, see
 //! [`ts`], so a key compares exactly); args containment is `jsonb @>`.
 
-use super::query::LOG_FROM_ROW;
+use super::query::{LOG_FROM_ROW, STORED_LOG_KEY};
 use super::{listen, ts, PgStore};
 use crate::action::ActionLog;
 use crate::error::{Error, Result};
@@ -244,15 +244,15 @@ pub(super) async fn throughput(
 pub(super) async fn logs_tail(store: &PgStore, id: i64, limit: i64) -> Result<Vec<ActionLog>> {
     let sql = format!(
         "SELECT action_id, at, event, detail FROM (
-             SELECT k, action_id, at, event, detail FROM ({LOG_FROM_ROW}
+             SELECT k, t, action_id, at, event, detail FROM ({LOG_FROM_ROW}
                  UNION ALL
-                 SELECT k, action_id, at, event, detail FROM (
-                     SELECT id::float8 AS k, action_id, at, event, detail
+                 SELECT k, t, action_id, at, event, detail FROM (
+                     SELECT {STORED_LOG_KEY} AS k, id::float8 AS t, action_id, at, event, detail
                      FROM dockhand_action_logs
-                     WHERE action_id = $1 ORDER BY id DESC LIMIT $2
+                     WHERE action_id = $1 ORDER BY k DESC, t DESC LIMIT $2
                  ) AS recent
-             ) AS merged ORDER BY k DESC LIMIT $2
-         ) AS tail ORDER BY k"
+             ) AS merged ORDER BY k DESC, t DESC LIMIT $2
+         ) AS tail ORDER BY k, t"
     );
     let rows = sqlx::query(&sql)
         .bind(id)
