@@ -349,8 +349,8 @@ async fn insert_children(
 }
 
 /// Leases the just-enqueued step actions to `by` as a claim would (running, token + 1,
-/// attempt + 1, the `started` entry recorded in the row), except those in a paused or limited group, which stay
-/// pending for the runners; the leases by unique key.
+/// attempt + 1, the `started` entry recorded in the row), except those in a paused or limited
+/// group, which stay pending for the runners; the leases by unique key.
 async fn lease_steps(
     conn: &mut PgConnection,
     actions: &[crate::action::PreparedAction],

@@ -6,9 +6,9 @@
 //! claimers take disjoint rows without waiting) through the ordered partial claim index, whatever
 //! the table's statistics say; `claimed` stamps the lease, counts the attempt and records its
 //! `started` log entry in the row (migration 0020: `started_by`, `started_after`; only a
-//! re-claim stores the previous attempt's entry, by trigger). Limited groups (0016) are left out of the pick too; the
-//! statement also says whether any exist, and while some do claims take the limited path of
-//! [`super::limits`].
+//! re-claim stores the previous attempt's entry, by trigger). Limited groups (0016) are left
+//! out of the pick too; the statement also says whether any exist, and while some do claims
+//! take the limited path of [`super::limits`].
 //!
 //! Picked ids go through `id = ANY(ARRAY(…))`, never a join or `IN (subquery)`: sqlx prepares
 //! statements, and PostgreSQL's generic plan for `LIMIT $n` guesses hundreds of rows and
@@ -28,7 +28,8 @@ use sqlx::Row;
 const CLAIM: &str = "WITH claimed AS (
      UPDATE dockhand_actions a
      SET status = 'running', lease_owner = $3, lease_token = a.lease_token + 1,
-         lease_until = $4, attempt = a.attempt + 1, started_at = $1, started_by = $3, started_after = COALESCE(
+         lease_until = $4, attempt = a.attempt + 1, started_at = $1, started_by = $3,
+         started_after = COALESCE(
              (SELECT MAX(l.id) FROM dockhand_action_logs l WHERE l.action_id = a.id), 0)
      WHERE a.id = ANY(ARRAY(SELECT dockhand_due_ids($1, $2, $5::text[], $6::text[], $7::text[])))
      RETURNING a.*)

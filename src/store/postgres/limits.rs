@@ -67,7 +67,8 @@ const PICK_GROUP: &str = "SELECT id, priority, scheduled_at FROM dockhand_action
 const CLAIM_IDS: &str = "WITH claimed AS (
      UPDATE dockhand_actions a
      SET status = 'running', lease_owner = $3, lease_token = a.lease_token + 1,
-         lease_until = $4, attempt = a.attempt + 1, started_at = $1, started_by = $3, started_after = COALESCE(
+         lease_until = $4, attempt = a.attempt + 1, started_at = $1, started_by = $3,
+         started_after = COALESCE(
              (SELECT MAX(l.id) FROM dockhand_action_logs l WHERE l.action_id = a.id), 0)
      WHERE a.id = ANY($2::bigint[]) AND a.status = 'pending'
      RETURNING a.*)

@@ -29,7 +29,8 @@ const ROUND: &str = "WITH done AS (
  claimed AS (
      UPDATE dockhand_actions a
      SET status = 'running', lease_owner = $3, lease_token = a.lease_token + 1,
-         lease_until = $4, attempt = a.attempt + 1, started_at = $1, started_by = $3, started_after = COALESCE(
+         lease_until = $4, attempt = a.attempt + 1, started_at = $1, started_by = $3,
+         started_after = COALESCE(
              (SELECT MAX(l.id) FROM dockhand_action_logs l WHERE l.action_id = a.id), 0)
      WHERE a.id = ANY(ARRAY(SELECT dockhand_due_ids($1, $2, $5::text[], $6::text[], $7::text[])))
      RETURNING a.*)

@@ -3,9 +3,10 @@
 //! Claim SQL (Q3): one `UPDATE … WHERE id IN (SELECT … ORDER BY priority, scheduled_at, id
 //! LIMIT n) RETURNING …` over the partial claim index, in autocommit mode (one statement is
 //! atomic; SQLite's single writer serialises claimers). The hook filter and the routing
-//! ([`crate::store::Routing`]) are filters on that ordered scan. A claim writes no `started` log row: it
-//! records the attempt in the row ([`claim_started_sql`], migration 0020), and the
-//! `dockhand_actions_log_restarted` trigger stores the previous attempt's entry on a re-claim.
+//! ([`crate::store::Routing`]) are filters on that ordered scan. A claim writes no `started`
+//! log row: it records the attempt in the row (`claim_started_sql!`, migration 0020), and
+//! the `dockhand_actions_log_restarted` trigger stores the previous attempt's entry on a
+//! re-claim.
 //! Limited groups (migration 0016) are left out of this pick; the statement also says whether
 //! any exist, and while some do claims take the limited path of [`super::limits`].
 
