@@ -2,27 +2,13 @@
 //! (migration 0017) on every backend, the latest attempt's `started` (migration 0020) on
 //! SQLite and PostgreSQL. Every backend must show the same log, stored or derived.
 
+use super::store_api::claim;
 use crate::harness::{Kind, TestDb};
 use chrono::Duration;
-use dockhand::store::{ClaimRequest, ClaimedAction, Finish, FinishResult};
+use dockhand::store::{ClaimRequest, Finish, FinishResult};
 use dockhand::Clock;
 use dockhand::{ActionSpec, ActionStatus};
 use serde_json::json;
-
-async fn claim(db: &TestDb, owner: &str, limit: i64, lease: Duration) -> Vec<ClaimedAction> {
-    let now = db.clock.now();
-    db.store
-        .claim(&ClaimRequest {
-            owner,
-            limit,
-            now,
-            lease_until: now + lease,
-            hooks: None,
-            routing: None,
-        })
-        .await
-        .unwrap()
-}
 
 fn events(logs: &[dockhand::action::ActionLog]) -> Vec<(String, Option<String>)> {
     logs.iter()

@@ -8,7 +8,13 @@ use dockhand::Clock;
 use dockhand::{ActionSpec, ActionStatus};
 use serde_json::json;
 
-async fn claim(db: &TestDb, owner: &str, limit: i64, lease: Duration) -> Vec<ClaimedAction> {
+/// Claims up to `limit` due actions for `owner` at the test clock's now, leased for `lease`.
+pub(super) async fn claim(
+    db: &TestDb,
+    owner: &str,
+    limit: i64,
+    lease: Duration,
+) -> Vec<ClaimedAction> {
     let now = db.clock.now();
     db.store
         .claim(&ClaimRequest {
