@@ -10,7 +10,7 @@
 //! Limited groups (migration 0016) are left out of this pick; the statement also says whether
 //! any exist, and while some do claims take the limited path of [`super::limits`].
 
-use super::{from_ms, limits, ms, SqliteStore};
+use super::{from_ms, hot, limits, ms, SqliteStore};
 use crate::error::{Error, Result};
 use crate::store::{ClaimRequest, ClaimedAction, Lease};
 use chrono::{DateTime, Utc};
@@ -70,6 +70,21 @@ pub(super) async fn claim(
     if store.limits_seen() {
         return limits::claim_limited(store, req).await;
     }
+    if store.writer_handle().has_direct() {
+        let args = hot::ClaimArgs::new(req)?;
+        let claimed = hot::write(
+            store,
+            "claim",
+            |conn| hot::claim(conn, &args),
+            || {
+                let args = args.clone();
+                move |conn: &mut _| hot::claim(conn, &args)
+            },
+        )
+        .await?;
+        hot::claimed(store, req.limit, &claimed);
+        return claimed_or_limited(store, req, claimed).await;
+    }
     let [hooks, routed_hooks, routed_groups] = filter_json(req)?;
     let rows = sqlx::query(CLAIM)
         .bind(req.owner)
@@ -89,6 +104,21 @@ pub(super) async fn claim(
         None => {}
     }
     decode_claimed(rows)
+}
+
+/// A claim's actions, or, when it took none and group limits exist (perhaps every due action
+/// is in a limited group), the limited path's.
+async fn claimed_or_limited(
+    store: &SqliteStore,
+    req: &ClaimRequest<'_>,
+    claimed: hot::Claimed,
+) -> Result<Vec<ClaimedAction>> {
+    match claimed.limited {
+        Some(seen) => store.set_limits_seen(seen),
+        None if limits::any(store).await? => return limits::claim_limited(store, req).await,
+        None => {}
+    }
+    Ok(claimed.actions)
 }
 
 /// Whether group limits exist, as the claim statement's rows say (`None`: no rows). While

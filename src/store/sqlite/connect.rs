@@ -50,6 +50,7 @@ impl SqliteStore {
                 wake: Wakeup::new(),
                 enqueues: Default::default(),
                 limits_seen: Default::default(),
+                queue_shallow: true.into(),
                 _checkpointer: None,
             });
         }
@@ -68,7 +69,10 @@ impl SqliteStore {
         // the ping is a round trip to the worker thread on every store call. The writers never
         // checkpoint: the background checkpointer does (see `Checkpointer`).
         let write_opts = opts.clone().pragma("wal_autocheckpoint", "0");
-        let writer = Writer::open(&write_opts).await.map_err(opened)?;
+        let writer = match Writer::open(&write_opts, url, BUSY_TIMEOUT).await {
+            Err(Error::Database { source, .. }) => return Err(opened(source)),
+            other => other?,
+        };
         // Migrations and callers' own transactions (`pool`, `enqueue_in`); they share the
         // file's write lock with `writer` through SQLite's busy timeout.
         // No reaper task (sqlx#3645, see `store::pool`): a local file's connections neither
@@ -98,6 +102,7 @@ impl SqliteStore {
             wake: Wakeup::new(),
             enqueues: Default::default(),
             limits_seen: Default::default(),
+            queue_shallow: true.into(),
             _checkpointer: checkpointer,
         })
     }
@@ -131,7 +136,7 @@ impl SqliteStore {
         self.writer.begin(op).await
     }
 
-    /// `PRAGMA synchronous = OFF` on the store's write connection and the callers' pool, for
+    /// `PRAGMA synchronous = OFF` on the store's write connections and the callers' pool, for
     /// `dockhand bench --relaxed` (a comparison of durability settings): commits are no longer
     /// flushed at checkpoints, so an operating-system crash or power loss may lose the last
     /// ones (a process crash still loses nothing). Not for production use.
@@ -146,6 +151,14 @@ impl SqliteStore {
             .execute(&self.pool)
             .await
             .map_err(Error::db(op))?;
+        if self.writer.has_direct() {
+            self.writer
+                .direct(op, |conn| {
+                    conn.pragma_update(None, "synchronous", "OFF")
+                        .map_err(super::direct::db_error(op))
+                })
+                .await?;
+        }
         Ok(())
     }
 

@@ -7,7 +7,7 @@
 //! (migration 0017).
 
 use super::enqueue::enqueue_one;
-use super::{ms, SqliteStore};
+use super::{hot, ms, SqliteStore};
 use crate::error::{Error, Result};
 use crate::jobs::finish::{followup, FailedAction};
 use crate::store::{Finish, FinishResult, Lease};
@@ -86,6 +86,21 @@ pub(super) async fn finish_many(
     }
     let completes = complete_pairs(items);
     if completes.len() == items.len() {
+        if store.writer_handle().has_direct() {
+            let done = hot::Completions::new(items, now)?;
+            return hot::write(
+                store,
+                "finish_many",
+                |conn| hot::complete(conn, &done),
+                || {
+                    let done = done.clone();
+                    move |conn: &mut _| {
+                        hot::in_tx(conn, "finish_many", |tx| hot::complete(tx, &done))
+                    }
+                },
+            )
+            .await;
+        }
         let mut conn = store.write_conn("finish_many").await?;
         let applied = complete_set(&mut conn, &completes, now).await?;
         return log_lost_completions(&mut conn, items, &applied, now).await;
@@ -148,17 +163,12 @@ pub(super) async fn log_lost_completions(
     if !lost.is_empty() {
         let lost_json =
             serde_json::to_string(&lost).map_err(|e| Error::invalid("leases", e.to_string()))?;
-        sqlx::query(
-            "INSERT INTO dockhand_action_logs (action_id, at, event, detail)
-             SELECT a.id, ?1, 'lease_lost', json_extract(l.value, '$[1]')
-             FROM json_each(?2) AS l
-             JOIN dockhand_actions a ON a.id = json_extract(l.value, '$[0]')",
-        )
-        .bind(ms(now))
-        .bind(lost_json)
-        .execute(&mut *conn)
-        .await
-        .map_err(Error::db("finish_many (lease lost)"))?;
+        sqlx::query(hot::LOG_LOST)
+            .bind(ms(now))
+            .bind(lost_json)
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db("finish_many (lease lost)"))?;
     }
     Ok(results)
 }

@@ -13,7 +13,10 @@
 //! SQLite has one writer at a time. This store keeps one write connection outside any pool
 //! (`writer`: writers queue fairly for it instead of spinning in SQLite's busy handler, and no
 //! pool pings it between writes) and a reader pool; every write transaction starts with
-//! `BEGIN IMMEDIATE`, so a read-then-write never fails to upgrade.
+//! `BEGIN IMMEDIATE`, so a read-then-write never fails to upgrade. The hottest writes (single
+//! and grouped enqueues, claims, completions and a runner's round of both; `hot`) run on a
+//! second connection lent with the same slot, rusqlite's, inline or on a thread of its own
+//! (`direct`): sqlx sends every statement to its connection's worker thread and back.
 //! Files are opened in WAL mode with `synchronous = NORMAL` (durable across a process crash) and a
 //! busy timeout for other processes; the pragmas are read back and startup fails if they did not
 //! take. Times are stored as integer milliseconds since the epoch.
@@ -31,6 +34,9 @@ mod claim_many;
 mod claim_upkeep;
 mod claims;
 mod connect;
+mod direct;
+#[cfg(test)]
+mod direct_tests;
 mod enqueue;
 mod events;
 mod fence;
@@ -40,6 +46,7 @@ mod finish;
 mod finish_set;
 mod gauges;
 mod grouped;
+mod hot;
 mod jobs;
 mod lease_fence;
 pub mod ledger;
@@ -112,6 +119,9 @@ pub struct SqliteStore {
     /// ([`limits`]); the ordinary claim statement leaves limited groups out and says whether
     /// any exist, so this is only ever late by one claim, and never unsafe.
     limits_seen: std::sync::atomic::AtomicBool,
+    /// Whether the last claim took fewer actions than it asked for: the runner's hot path
+    /// then runs inline, else on the enqueue connection's thread (see `hot::write`).
+    queue_shallow: std::sync::atomic::AtomicBool,
     /// The background WAL checkpointer (file databases).
     _checkpointer: Option<connect::Checkpointer>,
 }

@@ -8,7 +8,7 @@
 
 use super::claim::{claim_sql, claim_started_sql, decode_claimed, filter_json, limited_flag};
 use super::finish::{complete_pairs, complete_set_sql, log_lost_completions};
-use super::{ms, SqliteStore};
+use super::{hot, ms, SqliteStore};
 use crate::error::{Error, Result};
 use crate::store::{ClaimRequest, Finish, FinishAndClaim, Lease, Store};
 use chrono::{DateTime, Utc};
@@ -34,6 +34,33 @@ pub(super) async fn finish_and_claim(
         let finished = store.finish_many(items, now).await?;
         let claimed = store.claim(req).await;
         return Ok(FinishAndClaim { finished, claimed });
+    }
+    if store.writer_handle().has_direct() {
+        let done = hot::Completions::new(items, now)?;
+        let args = hot::ClaimArgs::new(req)?;
+        let (finished, claimed) = hot::write(
+            store,
+            "finish_and_claim",
+            |conn| hot::round(conn, &done, &args),
+            || {
+                let (done, args) = (done.clone(), args.clone());
+                move |conn: &mut _| {
+                    hot::in_tx(conn, "finish_and_claim", |tx| hot::round(tx, &done, &args))
+                }
+            },
+        )
+        .await?;
+        hot::claimed(store, req.limit, &claimed);
+        // Nothing claimed: the runner's next claim takes the limited path if limits exist.
+        let limited = match claimed.limited {
+            Some(seen) => seen,
+            None => super::limits::any(store).await?,
+        };
+        store.set_limits_seen(limited);
+        return Ok(FinishAndClaim {
+            finished,
+            claimed: Ok(claimed.actions),
+        });
     }
     let pairs =
         serde_json::to_string(&completes).map_err(|e| Error::invalid("leases", e.to_string()))?;

@@ -15,24 +15,32 @@
 //! [`WriteTx`] dropped without a commit rolls back on a spawned task that holds the slot, so
 //! the write lock is given up at once and the next caller finds the connection clean.
 //!
+//! A file database's enqueues run on a second connection, rusqlite's on a thread of its own
+//! ([`Writer::direct`], see `direct`), lent with the same slot: one job and one answer per
+//! write instead of a worker round trip per statement.
+//!
 //! In-memory databases live in one pooled connection that readers share; there the writer
 //! lends pooled connections and transactions are sqlx's own, begun on a task of their own
 //! (sqlx's begin awaits twice, and a caller dropped between the two would leave the pooled
 //! connection inside a transaction nobody ends).
 
+use super::direct::{Connection as DirectConn, Direct};
 use crate::error::{Error, Result};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool};
 use sqlx::{Connection, Sqlite, Transaction};
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-/// The held connection and whether it may be inside a transaction nobody will end.
+/// The held connection, whether it may be inside a transaction nobody will end, and the
+/// enqueue connection lent with it.
 #[derive(Debug)]
 pub(super) struct Slot {
     conn: Option<SqliteConnection>,
     in_tx: bool,
+    direct: Option<Direct>,
 }
 
 /// Where a store's writes go: one held connection (file databases) or the shared pool
@@ -46,15 +54,82 @@ pub(super) enum Writer {
 }
 
 impl Writer {
-    /// Opens the held write connection with `opts`.
+    /// Opens the held write connection with `opts`, then the enqueue connection on the same
+    /// file, as `url` (the store's) asks (see `direct`).
     pub(super) async fn open(
         opts: &SqliteConnectOptions,
-    ) -> std::result::Result<Self, sqlx::Error> {
-        let conn = SqliteConnection::connect_with(opts).await?;
+        url: &str,
+        busy_timeout: Duration,
+    ) -> Result<Self> {
+        let conn = SqliteConnection::connect_with(opts)
+            .await
+            .map_err(Error::db("connect"))?;
+        let path = opts.get_filename().to_path_buf();
+        let url = url.to_owned();
+        let direct = tokio::task::spawn_blocking(move || Direct::open(&path, &url, busy_timeout))
+            .await
+            .map_err(|e| Error::Database {
+                op: "connect (enqueue connection)",
+                source: sqlx::Error::Io(std::io::Error::other(e)),
+            })??;
         Ok(Self::Held(Arc::new(Mutex::new(Slot {
             conn: Some(conn),
             in_tx: false,
+            direct: Some(direct),
         }))))
+    }
+
+    /// Whether writes can go through [`Writer::direct`] (a file database).
+    pub(super) fn has_direct(&self) -> bool {
+        matches!(self, Self::Held(_))
+    }
+
+    /// Runs `job` on the enqueue connection's thread while this store's write slot is held
+    /// (until the job has finished, even if the caller is dropped). `job` must end any
+    /// transaction it begins. An in-memory database has no enqueue connection: an error.
+    pub(super) async fn direct<R, F>(&self, op: &'static str, job: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut DirectConn) -> Result<R> + Send + 'static,
+    {
+        let (guard, direct) = self.direct_slot(op).await?;
+        direct.run(guard, op, job).await
+    }
+
+    /// Like [`Writer::direct`], but first tries `inline` on the caller's thread in a
+    /// transaction that does not wait for the file's write lock ([`Direct::inline`]); the job
+    /// `on_thread` makes runs only when that wrote nothing.
+    pub(super) async fn direct_inline_first<R, I, F>(
+        &self,
+        op: &'static str,
+        inline: I,
+        on_thread: impl FnOnce() -> F,
+    ) -> Result<R>
+    where
+        R: Send + 'static,
+        I: FnOnce(&DirectConn) -> Result<R>,
+        F: FnOnce(&mut DirectConn) -> Result<R> + Send + 'static,
+    {
+        let (guard, direct) = self.direct_slot(op).await?;
+        if let Some(r) = direct.inline(inline) {
+            return Ok(r);
+        }
+        direct.run(guard, op, on_thread()).await
+    }
+
+    /// The write slot and its enqueue connection.
+    async fn direct_slot(&self, op: &'static str) -> Result<(OwnedMutexGuard<Slot>, Direct)> {
+        let Self::Held(slot) = self else {
+            return Err(Error::Config(format!(
+                "{op}: an in-memory SQLite database has no enqueue connection"
+            )));
+        };
+        let guard = clean_slot(slot, op).await?;
+        let direct = guard.direct.clone().ok_or(Error::Database {
+            op,
+            source: sqlx::Error::PoolClosed,
+        })?;
+        Ok((guard, direct))
     }
 
     /// The write connection for autocommit statements; other writers wait until it is dropped.
@@ -97,7 +172,12 @@ impl Writer {
     /// Closes the write connection (a held one; the pool is closed by its owner).
     pub(super) async fn close(&self) {
         if let Self::Held(slot) = self {
-            let conn = slot.lock().await.conn.take();
+            let (conn, direct) = {
+                let mut slot = slot.lock().await;
+                (slot.conn.take(), slot.direct.take())
+            };
+            // The enqueue connection's thread ends (and closes it) with its last handle.
+            drop(direct);
             if let Some(conn) = conn {
                 let _ = conn.close().await;
             }
