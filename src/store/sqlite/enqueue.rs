@@ -7,7 +7,7 @@
 
 use super::direct::{db_error, Connection as DirectConn};
 use super::writer::Writer;
-use super::{ms, SqliteStore};
+use super::{hot, ms, SqliteStore};
 use crate::action::PreparedAction;
 use crate::error::{Error, Result};
 use crate::store::Enqueued;
@@ -307,15 +307,24 @@ fn direct_duplicate(conn: &DirectConn, a: &PreparedAction) -> Result<Option<i64>
         .map_err(db_error("enqueue (find duplicate)"))
 }
 
-/// Many enqueues in one transaction; results in input order. Through sqlx in multi-row
-/// statements: on the enqueue connection (see `direct`), one cached single-row insert per
-/// action was slower (W1b 280k → 200k rows/s), and a bulk insert's few statements cross to
-/// sqlx's worker thread only a few times.
+/// Many enqueues in one transaction; results in input order. A file database writes them on
+/// its enqueue connection's thread (see `direct`) in cached multi-row statements bound in
+/// place (one cached single-row insert per action was slower than sqlx's multi-row
+/// statements: W1b 280k → 200k rows/s).
 pub(super) async fn enqueue_bulk(
     store: &SqliteStore,
     actions: &[PreparedAction],
     now: DateTime<Utc>,
 ) -> Result<Vec<Enqueued>> {
+    let writer = store.writer_handle();
+    if writer.has_direct() {
+        let actions = actions.to_vec();
+        return writer
+            .direct("enqueue_bulk", move |conn| {
+                hot::in_tx(conn, "enqueue_bulk", |tx| direct_rows(tx, &actions, now))
+            })
+            .await;
+    }
     let rows: Vec<(&PreparedAction, DateTime<Utc>)> = actions.iter().map(|a| (a, now)).collect();
     let mut tx = store.begin_write("enqueue_bulk").await?;
     let results = enqueue_rows(&mut tx, &rows).await?;
@@ -369,22 +378,119 @@ async fn enqueue_rows(
             .await
             .map_err(Error::db("enqueue_bulk"))?;
         let (n, last) = (chunk.len() as i64, done.last_insert_rowid());
-        let first = last - n + 1;
-        let present: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM dockhand_actions WHERE id BETWEEN ? AND ?")
-                .bind(first)
-                .bind(last)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(Error::db("enqueue_bulk (ids)"))?;
-        if done.rows_affected() != chunk.len() as u64 || present != n {
-            return Err(Error::Config(format!(
-                "bulk insert of {n} rows: {} inserted, {present} of the ids {first}..={last} \
-                 present (not one consecutive range)",
-                done.rows_affected()
-            )));
+        let present: i64 = sqlx::query_scalar(IDS_PRESENT)
+            .bind(last - n + 1)
+            .bind(last)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(Error::db("enqueue_bulk (ids)"))?;
+        let ids = bulk_ids(n, done.rows_affected(), last, present)?;
+        for (&i, id) in chunk.iter().zip(ids) {
+            results[i] = Some(Enqueued { id, inserted: true });
         }
-        let ids = first..=last;
+    }
+    Ok(results.into_iter().flatten().collect())
+}
+
+/// How many of the ids `?1..=?2` exist (binds: the first and the last).
+const IDS_PRESENT: &str = "SELECT count(*) FROM dockhand_actions WHERE id BETWEEN ? AND ?";
+
+/// The ids of a multi-row insert of `n` rows that reported `inserted` rows and `last` as its
+/// last rowid, given that `present` of the `n` ids up to `last` exist. `AUTOINCREMENT` gives
+/// each new row an id above every id the table ever held, so the rows lie in (old maximum,
+/// last]; if the `n` ids up to `last` are all present, that interval is exactly `n` wide: they
+/// are this statement's, one per VALUES row in order.
+fn bulk_ids(
+    n: i64,
+    inserted: u64,
+    last: i64,
+    present: i64,
+) -> Result<std::ops::RangeInclusive<i64>> {
+    let first = last - n + 1;
+    if inserted != n as u64 || present != n {
+        return Err(Error::Config(format!(
+            "bulk insert of {n} rows: {inserted} inserted, {present} of the ids {first}..={last} \
+             present (not one consecutive range)"
+        )));
+    }
+    Ok(first..=last)
+}
+
+/// Rows per multi-row insert on the enqueue connection; a full chunk's statement is prepared
+/// once and cached.
+const DIRECT_BULK_ROWS: usize = 500;
+
+/// The multi-row insert of `rows` plain actions (9 binds a row).
+fn bulk_insert_sql(rows: usize) -> String {
+    let mut sql = String::from(
+        "INSERT INTO dockhand_actions (hook, args, group_name, priority, status, scheduled_at,
+         max_attempts, timeout_ms, created_at, schedule_id) VALUES ",
+    );
+    for r in 0..rows {
+        if r > 0 {
+            sql.push(',');
+        }
+        sql.push_str("(?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)");
+    }
+    sql
+}
+
+/// [`enqueue_rows`] on the enqueue connection, inside its open transaction: unique actions one
+/// by one, the rest in cached multi-row statements bound in place.
+fn direct_rows(
+    conn: &DirectConn,
+    actions: &[PreparedAction],
+    now: DateTime<Utc>,
+) -> Result<Vec<Enqueued>> {
+    let op = "enqueue_bulk";
+    let mut results: Vec<Option<Enqueued>> = vec![None; actions.len()];
+    let mut plain = Vec::with_capacity(actions.len());
+    for (i, a) in actions.iter().enumerate() {
+        if a.unique_key.is_some() {
+            results[i] = Some(direct_one(conn, a, now)?);
+        } else {
+            plain.push(i);
+        }
+    }
+    static FULL_CHUNK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let now = ms(now);
+    for chunk in plain.chunks(DIRECT_BULK_ROWS) {
+        let partial;
+        let sql = if chunk.len() == DIRECT_BULK_ROWS {
+            FULL_CHUNK.get_or_init(|| bulk_insert_sql(DIRECT_BULK_ROWS))
+        } else {
+            partial = bulk_insert_sql(chunk.len());
+            &partial
+        };
+        let inserted = conn
+            .prepare_cached(sql)
+            .and_then(|mut st| {
+                let mut k = 0;
+                let mut bind = |v: &dyn rusqlite::ToSql| {
+                    k += 1;
+                    st.raw_bind_parameter(k, v)
+                };
+                for &i in chunk {
+                    let a = &actions[i];
+                    bind(&a.hook)?;
+                    bind(&a.args_json)?;
+                    bind(&a.group)?;
+                    bind(&a.priority)?;
+                    bind(&ms(a.scheduled_at))?;
+                    bind(&a.max_attempts)?;
+                    bind(&a.timeout_ms)?;
+                    bind(&now)?;
+                    bind(&a.schedule_id)?;
+                }
+                st.raw_execute()
+            })
+            .map_err(db_error(op))?;
+        let (n, last) = (chunk.len() as i64, conn.last_insert_rowid());
+        let present: i64 = conn
+            .prepare_cached(IDS_PRESENT)
+            .and_then(|mut st| st.query_row([last - n + 1, last], |r| r.get(0)))
+            .map_err(db_error("enqueue_bulk (ids)"))?;
+        let ids = bulk_ids(n, inserted as u64, last, present)?;
         for (&i, id) in chunk.iter().zip(ids) {
             results[i] = Some(Enqueued { id, inserted: true });
         }
