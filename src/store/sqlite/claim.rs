@@ -72,16 +72,18 @@ pub(super) async fn claim(
     }
     if store.writer_handle().has_direct() {
         let args = hot::ClaimArgs::new(req)?;
-        let claimed = hot::write(
-            store,
-            "claim",
-            |conn| hot::claim(conn, &args),
-            || {
-                let args = args.clone();
-                move |conn: &mut _| hot::claim(conn, &args)
-            },
-        )
-        .await?;
+        let claimed = store
+            .writer_handle()
+            .direct_inline_first(
+                "claim",
+                hot::inline_first(store),
+                |conn| hot::claim(conn, &args),
+                || {
+                    let args = args.clone();
+                    move |conn: &mut _| hot::claim(conn, &args)
+                },
+            )
+            .await?;
         hot::claimed(store, req.limit, &claimed);
         return claimed_or_limited(store, req, claimed).await;
     }

@@ -69,21 +69,18 @@ async fn write_batch(
             let rows = Arc::clone(&rows);
             move |conn: &mut DirectConn| Ok(direct_batch(conn, &rows))
         };
-        let written = if n <= INLINE_BATCH {
-            writer
-                .direct_inline_first(
-                    "enqueue",
-                    |conn| {
-                        rows.iter()
-                            .map(|(a, now)| direct_one(conn, a, *now).map(Ok))
-                            .collect()
-                    },
-                    on_thread,
-                )
-                .await
-        } else {
-            writer.direct("enqueue", on_thread()).await
-        };
+        let written = writer
+            .direct_inline_first(
+                "enqueue",
+                n <= INLINE_BATCH,
+                |conn| {
+                    rows.iter()
+                        .map(|(a, now)| direct_one(conn, a, *now).map(Ok))
+                        .collect()
+                },
+                on_thread,
+            )
+            .await;
         return match written {
             Ok(results) => results,
             // The store was closed (or the connection's thread is gone): nothing was written.

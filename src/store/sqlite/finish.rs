@@ -88,18 +88,20 @@ pub(super) async fn finish_many(
     if completes.len() == items.len() {
         if store.writer_handle().has_direct() {
             let done = hot::Completions::new(items, now)?;
-            return hot::write(
-                store,
-                "finish_many",
-                |conn| hot::complete(conn, &done),
-                || {
-                    let done = done.clone();
-                    move |conn: &mut _| {
-                        hot::in_tx(conn, "finish_many", |tx| hot::complete(tx, &done))
-                    }
-                },
-            )
-            .await;
+            return store
+                .writer_handle()
+                .direct_inline_first(
+                    "finish_many",
+                    hot::inline_first(store),
+                    |conn| hot::complete(conn, &done),
+                    || {
+                        let done = done.clone();
+                        move |conn: &mut _| {
+                            hot::in_tx(conn, "finish_many", |tx| hot::complete(tx, &done))
+                        }
+                    },
+                )
+                .await;
         }
         let mut conn = store.write_conn("finish_many").await?;
         let applied = complete_set(&mut conn, &completes, now).await?;

@@ -1,12 +1,12 @@
 //! SQLite: the runner's hot path on the enqueue connection (see `direct`): a claim, a batch of
-//! completions, and a round of both, inline on the caller's thread when the file's write lock
-//! is free and on the connection's thread otherwise.
+//! completions, and a round of both.
 //!
-//! Where a write runs ([`write`]): after a claim that came back short (a shallow queue, where
-//! an action's latency counts), inline, two thread wake-ups shorter (W3 p50 0.37 → 0.25 ms,
-//! session 22); after a full one (a deep queue, where throughput counts), on the thread,
-//! which then works beside the runtime's threads (W2 +35 % over sqlx; inline, SQLite's work
-//! ran on the runtime's threads and W2 fell 25 %).
+//! Where a write runs ([`inline_first`]): after a claim that came back short (a shallow
+//! queue, where an action's latency counts), inline, two thread wake-ups shorter (W3 p50
+//! 0.37 → 0.25 ms, session 22), unless the file's write lock is taken; after a full one (a
+//! deep queue, where throughput counts), on the connection's thread, which then works beside
+//! the runtime's threads (W2 +35 % over sqlx; inline, SQLite's work ran on the runtime's
+//! threads and W2 fell 25 %).
 //!
 //! The statements are those of `claim` and `finish` (one text per statement; only the driver
 //! that runs them differs). Every function here runs on an open transaction or is a single
@@ -186,26 +186,10 @@ pub(super) fn round(
     Ok((finished, claimed))
 }
 
-/// Runs a hot-path write on the enqueue connection: inline first (`inline`) when the last
-/// claim came back short, else (and when the inline attempt wrote nothing) the job
-/// `on_thread` makes, on the connection's thread.
-pub(super) async fn write<R, I, F>(
-    store: &SqliteStore,
-    op: &'static str,
-    inline: I,
-    on_thread: impl FnOnce() -> F,
-) -> Result<R>
-where
-    R: Send + 'static,
-    I: FnOnce(&Connection) -> Result<R>,
-    F: FnOnce(&mut Connection) -> Result<R> + Send + 'static,
-{
-    let writer = store.writer_handle();
-    if store.queue_shallow.load(Ordering::Relaxed) {
-        writer.direct_inline_first(op, inline, on_thread).await
-    } else {
-        writer.direct(op, on_thread()).await
-    }
+/// Whether a hot-path write tries inline first: the last claim came back short (see the
+/// module docs).
+pub(super) fn inline_first(store: &SqliteStore) -> bool {
+    store.queue_shallow.load(Ordering::Relaxed)
 }
 
 /// Records whether a claim that asked for `limit` actions came back short.

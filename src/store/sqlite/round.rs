@@ -38,18 +38,20 @@ pub(super) async fn finish_and_claim(
     if store.writer_handle().has_direct() {
         let done = hot::Completions::new(items, now)?;
         let args = hot::ClaimArgs::new(req)?;
-        let (finished, claimed) = hot::write(
-            store,
-            "finish_and_claim",
-            |conn| hot::round(conn, &done, &args),
-            || {
-                let (done, args) = (done.clone(), args.clone());
-                move |conn: &mut _| {
-                    hot::in_tx(conn, "finish_and_claim", |tx| hot::round(tx, &done, &args))
-                }
-            },
-        )
-        .await?;
+        let (finished, claimed) = store
+            .writer_handle()
+            .direct_inline_first(
+                "finish_and_claim",
+                hot::inline_first(store),
+                |conn| hot::round(conn, &done, &args),
+                || {
+                    let (done, args) = (done.clone(), args.clone());
+                    move |conn: &mut _| {
+                        hot::in_tx(conn, "finish_and_claim", |tx| hot::round(tx, &done, &args))
+                    }
+                },
+            )
+            .await?;
         hot::claimed(store, req.limit, &claimed);
         // Nothing claimed: the runner's next claim takes the limited path if limits exist.
         let limited = match claimed.limited {

@@ -96,12 +96,13 @@ impl Writer {
         direct.run(guard, op, job).await
     }
 
-    /// Like [`Writer::direct`], but first tries `inline` on the caller's thread in a
-    /// transaction that does not wait for the file's write lock ([`Direct::inline`]); the job
-    /// `on_thread` makes runs only when that wrote nothing.
+    /// Like [`Writer::direct`], but when `inline_first`, first tries `inline` on the caller's
+    /// thread in a transaction that does not wait for the file's write lock
+    /// ([`Direct::inline`]); the job `on_thread` makes runs only when that wrote nothing.
     pub(super) async fn direct_inline_first<R, I, F>(
         &self,
         op: &'static str,
+        inline_first: bool,
         inline: I,
         on_thread: impl FnOnce() -> F,
     ) -> Result<R>
@@ -111,8 +112,10 @@ impl Writer {
         F: FnOnce(&mut DirectConn) -> Result<R> + Send + 'static,
     {
         let (guard, direct) = self.direct_slot(op).await?;
-        if let Some(r) = direct.inline(inline) {
-            return Ok(r);
+        if inline_first {
+            if let Some(r) = direct.inline(inline) {
+                return Ok(r);
+            }
         }
         direct.run(guard, op, on_thread()).await
     }
