@@ -1,5 +1,6 @@
-//! SQLite: the store's enqueues on a write connection of their own, driven by rusqlite,
-//! inline where that cannot block and on a thread of its own otherwise.
+//! SQLite: the store's hottest writes (enqueues here; claims, completions and rounds in `hot`)
+//! on a write connection of their own, driven by rusqlite, inline where that cannot block and
+//! on a thread of its own otherwise.
 //!
 //! Through sqlx every statement is a command sent to its connection's worker thread and every
 //! result a message back: a single enqueue cost ~8.6 futex calls, and on this project's 2-core
