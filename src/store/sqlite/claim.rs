@@ -70,10 +70,10 @@ pub(super) async fn claim(
     if store.limits_seen() {
         return limits::claim_limited(store, req).await;
     }
-    if store.writer_handle().has_direct() {
+    let writer = store.writer_handle();
+    if writer.has_direct() {
         let args = hot::ClaimArgs::new(req)?;
-        let claimed = store
-            .writer_handle()
+        let claimed = writer
             .direct_inline_first(
                 "claim",
                 hot::inline_first(store),

@@ -54,37 +54,44 @@ async fn still_waiting<F: std::future::Future>(f: std::pin::Pin<&mut F>) {
     );
 }
 
+/// Runs `write` (not yet polled) while another connection holds the file's write lock: it
+/// must wait rather than fail; then the holder ends its transaction with `release` and the
+/// write's result is returned.
+async fn while_locked<F: std::future::Future>(
+    path: &std::path::Path,
+    release: &str,
+    write: F,
+) -> F::Output {
+    let holder = hold_write_lock(path);
+    tokio::pin!(write);
+    still_waiting(write.as_mut()).await;
+    holder.execute_batch(release).unwrap();
+    write.await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_writes_wait_for_a_write_lock_held_elsewhere() {
     let (_dir, path, store) = store().await;
     // A shallow queue: every hot write tries inline first.
     assert!(store.queue_shallow.load(Ordering::Relaxed));
 
-    let holder = hold_write_lock(&path);
     let first = action(1);
-    let enqueue = store.enqueue(&first, Utc::now());
-    tokio::pin!(enqueue);
-    still_waiting(enqueue.as_mut()).await;
-    holder.execute_batch("COMMIT").unwrap();
-    let id = enqueue.await.expect("the enqueue waited for the lock").id;
+    let id = while_locked(&path, "COMMIT", store.enqueue(&first, Utc::now()))
+        .await
+        .expect("the enqueue waited for the lock")
+        .id;
 
-    let holder = hold_write_lock(&path);
     let request = req(5);
-    let claim = store.claim(&request);
-    tokio::pin!(claim);
-    still_waiting(claim.as_mut()).await;
-    holder.execute_batch("ROLLBACK").unwrap();
-    let claimed = claim.await.expect("the claim waited for the lock");
+    let claimed = while_locked(&path, "ROLLBACK", store.claim(&request))
+        .await
+        .expect("the claim waited for the lock");
     assert_eq!(claimed.iter().map(|a| a.id).collect::<Vec<_>>(), [id]);
 
-    let holder = hold_write_lock(&path);
     let items = [(claimed[0].lease(), Finish::Complete)];
-    let finish = store.finish_many(&items, Utc::now());
-    tokio::pin!(finish);
-    still_waiting(finish.as_mut()).await;
-    holder.execute_batch("COMMIT").unwrap();
     assert_eq!(
-        finish.await.expect("the completion waited for the lock"),
+        while_locked(&path, "COMMIT", store.finish_many(&items, Utc::now()))
+            .await
+            .expect("the completion waited for the lock"),
         [FinishResult::Applied]
     );
     let row = store.get(id).await.unwrap().unwrap();

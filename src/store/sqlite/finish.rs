@@ -86,10 +86,10 @@ pub(super) async fn finish_many(
     }
     let completes = complete_pairs(items);
     if completes.len() == items.len() {
-        if store.writer_handle().has_direct() {
+        let writer = store.writer_handle();
+        if writer.has_direct() {
             let done = hot::Completions::new(items, now)?;
-            return store
-                .writer_handle()
+            return writer
                 .direct_inline_first(
                     "finish_many",
                     hot::inline_first(store),
@@ -150,18 +150,7 @@ pub(super) async fn log_lost_completions(
     applied: &HashSet<i64>,
     now: DateTime<Utc>,
 ) -> Result<Vec<FinishResult>> {
-    let mut lost: Vec<(i64, String)> = Vec::new();
-    let results = items
-        .iter()
-        .map(|(lease, outcome)| {
-            if applied.contains(&lease.id) {
-                FinishResult::Applied
-            } else {
-                lost.push((lease.id, outcome.lease_lost_entry(lease.token).1));
-                FinishResult::LeaseLost
-            }
-        })
-        .collect();
+    let (results, lost) = lost_completions(items.iter().map(|(l, _)| [l.id, l.token]), applied);
     if !lost.is_empty() {
         let lost_json =
             serde_json::to_string(&lost).map_err(|e| Error::invalid("leases", e.to_string()))?;
@@ -173,6 +162,27 @@ pub(super) async fn log_lost_completions(
             .map_err(Error::db("finish_many (lease lost)"))?;
     }
     Ok(results)
+}
+
+/// The results of completions (`[id, token]` pairs, in order) given the ids that were
+/// applied, and the `lease_lost` entries (`[id, detail]`) of the others. The entries are
+/// written only for completions that found their lease gone, so only those are formatted.
+pub(super) fn lost_completions(
+    pairs: impl Iterator<Item = [i64; 2]>,
+    applied: &HashSet<i64>,
+) -> (Vec<FinishResult>, Vec<(i64, String)>) {
+    let mut lost = Vec::new();
+    let results = pairs
+        .map(|[id, token]| {
+            if applied.contains(&id) {
+                FinishResult::Applied
+            } else {
+                lost.push((id, Finish::Complete.lease_lost_entry(token).1));
+                FinishResult::LeaseLost
+            }
+        })
+        .collect();
+    (results, lost)
 }
 
 /// Completes every `[id, token]` pair still running under that token and returns the ids

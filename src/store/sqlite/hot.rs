@@ -16,7 +16,7 @@
 
 use super::claim::{claim_sql, claim_started_sql, filter_json};
 use super::direct::{db_error, Connection};
-use super::finish::complete_set_sql;
+use super::finish::{complete_set_sql, lost_completions};
 use super::{from_ms, ms, SqliteStore};
 use crate::error::{Error, Result};
 use crate::store::{ClaimRequest, ClaimedAction, Finish, FinishResult, Lease};
@@ -114,26 +114,23 @@ pub(super) fn claim(conn: &Connection, a: &ClaimArgs) -> Result<Claimed> {
     })
 }
 
-/// Completions to write: the `[id, token]` pairs as JSON, and each item's `lease_lost` entry
-/// for when its lease is gone. Owned, like [`ClaimArgs`].
+/// Completions to write: the `[id, token]` pairs, and as the JSON the statement binds. Owned,
+/// like [`ClaimArgs`].
 #[derive(Debug, Clone)]
 pub(super) struct Completions {
+    leases: Vec<[i64; 2]>,
     pairs: String,
-    lost_entries: Vec<(i64, String)>,
     now: i64,
 }
 
 impl Completions {
     /// `items`, all completions.
     pub(super) fn new(items: &[(Lease, Finish)], now: DateTime<Utc>) -> Result<Self> {
-        let pairs: Vec<[i64; 2]> = items.iter().map(|(l, _)| [l.id, l.token]).collect();
+        let leases: Vec<[i64; 2]> = items.iter().map(|(l, _)| [l.id, l.token]).collect();
         Ok(Self {
-            pairs: serde_json::to_string(&pairs)
+            pairs: serde_json::to_string(&leases)
                 .map_err(|e| Error::invalid("leases", e.to_string()))?,
-            lost_entries: items
-                .iter()
-                .map(|(l, o)| (l.id, o.lease_lost_entry(l.token).1))
-                .collect(),
+            leases,
             now: ms(now),
         })
     }
@@ -150,11 +147,7 @@ pub(super) fn complete(conn: &Connection, c: &Completions) -> Result<Vec<FinishR
                 .collect::<rusqlite::Result<HashSet<i64>>>()
         })
         .map_err(db_error(op))?;
-    let lost: Vec<&(i64, String)> = c
-        .lost_entries
-        .iter()
-        .filter(|(id, _)| !applied.contains(id))
-        .collect();
+    let (results, lost) = lost_completions(c.leases.iter().copied(), &applied);
     if !lost.is_empty() {
         let lost_json =
             serde_json::to_string(&lost).map_err(|e| Error::invalid("leases", e.to_string()))?;
@@ -162,16 +155,7 @@ pub(super) fn complete(conn: &Connection, c: &Completions) -> Result<Vec<FinishR
             .and_then(|mut st| st.execute(rusqlite::params![c.now, lost_json]))
             .map_err(db_error("finish_many (lease lost)"))?;
     }
-    Ok(c.lost_entries
-        .iter()
-        .map(|(id, _)| {
-            if applied.contains(id) {
-                FinishResult::Applied
-            } else {
-                FinishResult::LeaseLost
-            }
-        })
-        .collect())
+    Ok(results)
 }
 
 /// [`complete`] then [`claim`], on one transaction (the caller's, inline; its own, on the

@@ -35,11 +35,11 @@ pub(super) async fn finish_and_claim(
         let claimed = store.claim(req).await;
         return Ok(FinishAndClaim { finished, claimed });
     }
-    if store.writer_handle().has_direct() {
+    let writer = store.writer_handle();
+    if writer.has_direct() {
         let done = hot::Completions::new(items, now)?;
         let args = hot::ClaimArgs::new(req)?;
-        let (finished, claimed) = store
-            .writer_handle()
+        let (finished, claimed) = writer
             .direct_inline_first(
                 "finish_and_claim",
                 hot::inline_first(store),
