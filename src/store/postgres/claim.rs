@@ -25,6 +25,14 @@ use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::Row;
 
+/// Binds: 1 owner, 2 ids, 3 tokens, 4 lease until. A join with the unnested leases by primary
+/// key (an `IN (SELECT … FROM UNNEST …)` semi-join beside `id = ANY($2)` tested every
+/// lease against each held row: 2,700 leases took 0.4-0.6 s; `tests/plans.rs`).
+pub(super) const HEARTBEAT: &str = "UPDATE dockhand_actions a SET lease_until = $4
+ FROM UNNEST($2::bigint[], $3::bigint[]) AS l(id, token)
+ WHERE a.id = l.id AND a.lease_token = l.token
+   AND a.status = 'running' AND a.lease_owner = $1";
+
 const CLAIM: &str = "WITH claimed AS (
      UPDATE dockhand_actions a
      SET status = 'running', lease_owner = $3, lease_token = a.lease_token + 1,
@@ -107,18 +115,13 @@ pub(super) async fn heartbeat(
     }
     let ids: Vec<i64> = leases.iter().map(|l| l.id).collect();
     let tokens: Vec<i64> = leases.iter().map(|l| l.token).collect();
-    let done = sqlx::query(
-        "UPDATE dockhand_actions SET lease_until = $4
-         WHERE status = 'running' AND lease_owner = $1
-           AND id = ANY($2::bigint[])
-           AND (id, lease_token) IN (SELECT * FROM UNNEST($2::bigint[], $3::bigint[]))",
-    )
-    .bind(owner)
-    .bind(ids)
-    .bind(tokens)
-    .bind(ts(until))
-    .execute(&store.pool)
-    .await
-    .map_err(Error::db("heartbeat"))?;
+    let done = sqlx::query(HEARTBEAT)
+        .bind(owner)
+        .bind(ids)
+        .bind(tokens)
+        .bind(ts(until))
+        .execute(&store.pool)
+        .await
+        .map_err(Error::db("heartbeat"))?;
     Ok(done.rows_affected())
 }

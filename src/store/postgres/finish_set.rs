@@ -60,6 +60,17 @@ async fn runs_held(
     Ok(held)
 }
 
+/// Binds: 1 jobs, 2 steps, 3 step actions, 4 their tokens, 5 kept claims' jobs, 6 their
+/// tokens. Joined by `job_id` alone (no `job_id = ANY($1)` beside it, which a generic plan
+/// tested against every unnested row; see [`super::finish::COMPLETE_LEASES`]).
+pub(super) const RELEASE_SUPERSEDED: &str = "DELETE FROM dockhand_item_claims c
+ USING UNNEST($1::bigint[], $2::int[], $3::bigint[], $4::bigint[])
+       AS r(job, step, action, token)
+ WHERE c.job_id = r.job AND c.status = 'claimed'
+   AND c.run_step = r.step AND (c.run_action <> r.action OR c.run_token <> r.token)
+   AND NOT EXISTS (SELECT 1 FROM UNNEST($5::bigint[], $6::text[]) AS k(job, token)
+                   WHERE k.job = c.job_id AND k.token = c.token)";
+
 /// Releases, for every held request that names them ([`FinishRequest::superseded`]), the
 /// claims other runs of its step took and its output does not carry, in one statement. A
 /// claim with no step run recorded (`run_action` NULL) is nobody's superseded claim.
@@ -86,24 +97,16 @@ async fn release_superseded(
     if jobs.is_empty() {
         return Ok(());
     }
-    sqlx::query(
-        "DELETE FROM dockhand_item_claims c
-         USING UNNEST($1::bigint[], $2::int[], $3::bigint[], $4::bigint[])
-               AS r(job, step, action, token)
-         WHERE c.job_id = ANY($1::bigint[]) AND c.job_id = r.job AND c.status = 'claimed'
-           AND c.run_step = r.step AND (c.run_action <> r.action OR c.run_token <> r.token)
-           AND NOT EXISTS (SELECT 1 FROM UNNEST($5::bigint[], $6::text[]) AS k(job, token)
-                           WHERE k.job = c.job_id AND k.token = c.token)",
-    )
-    .bind(&jobs)
-    .bind(&steps)
-    .bind(&actions)
-    .bind(&tokens)
-    .bind(&keep_jobs)
-    .bind(&keep_tokens)
-    .execute(&mut *tx)
-    .await
-    .map_err(Error::db("finish_jobs (superseded claims)"))?;
+    sqlx::query(RELEASE_SUPERSEDED)
+        .bind(&jobs)
+        .bind(&steps)
+        .bind(&actions)
+        .bind(&tokens)
+        .bind(&keep_jobs)
+        .bind(&keep_tokens)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::db("finish_jobs (superseded claims)"))?;
     Ok(())
 }
 

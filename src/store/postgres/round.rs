@@ -18,12 +18,13 @@ use std::collections::HashSet;
 
 /// Binds: 1 now, 2 limit, 3 owner, 4 lease_until, 5 hooks, 6 routed hooks, 7 their groups,
 /// 8 ids, 9 tokens. Rows: the completed ids (`done` true), then the claimed actions in claim
-/// order.
-const ROUND: &str = "WITH done AS (
+/// order. The completions join the unnested leases by primary key alone (see
+/// [`super::finish::COMPLETE_LEASES`]).
+pub(super) const ROUND: &str = "WITH done AS (
      UPDATE dockhand_actions a
      SET status = 'complete', finished_at = $1, lease_owner = NULL, lease_until = NULL
      FROM UNNEST($8::bigint[], $9::bigint[]) AS l(id, token)
-     WHERE a.id = ANY($8::bigint[]) AND a.id = l.id AND a.lease_token = l.token
+     WHERE a.id = l.id AND a.lease_token = l.token
        AND a.status = 'running'
      RETURNING a.id),
  claimed AS (

@@ -10,6 +10,7 @@ mod batch;
 mod claims;
 mod fence;
 mod jobs;
+mod plans;
 mod recovery;
 
 use super::PgStore;
