@@ -28,6 +28,30 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use std::collections::{HashMap, HashSet};
 
+/// The claims of `$2` (tokens) still held by the parent `$1`, locked in token order. Each
+/// token is looked up in the token index on its own (`LATERAL … OFFSET 0`), and the rows are
+/// then read by primary key: `job_id + 0` keeps the planner off the `job_id` index, which walks
+/// every claim of the batch. On statistics taken before the batch's claims existed, the plain
+/// form scanned the claims table for the tokens and walked the parent's claims, once per chunk
+/// (PostgreSQL W4 +10-15 %; `tests/plans.rs`).
+pub(super) const HELD_CLAIMS: &str = "SELECT token FROM dockhand_item_claims
+ WHERE id = ANY(ARRAY(SELECT d.id FROM UNNEST($2::text[]) AS t(token),
+                      LATERAL (SELECT x.id FROM dockhand_item_claims x
+                               WHERE x.token = t.token OFFSET 0) d))
+   AND job_id + 0 = $1 AND status = 'claimed'
+ ORDER BY token FOR UPDATE";
+
+/// Hands the claims `$1` (tokens) of parent `$5` to the children `$3` with ttls `$4` (ms), at
+/// `$2`; the rows found as [`HELD_CLAIMS`] finds them.
+pub(super) const HAND_OVER_CLAIMS: &str = "UPDATE dockhand_item_claims c
+ SET job_id = m.child,
+     expires_at = $2 + COALESCE(c.ttl_ms, m.ttl) * INTERVAL '1 millisecond'
+ FROM UNNEST($1::text[], $3::int8[], $4::int8[]) AS m(token, child, ttl)
+ WHERE c.id = ANY(ARRAY(SELECT d.id FROM UNNEST($1::text[]) AS t(token),
+                        LATERAL (SELECT x.id FROM dockhand_item_claims x
+                                 WHERE x.token = t.token OFFSET 0) d))
+   AND c.token = m.token AND c.job_id + 0 = $5 AND c.status = 'claimed'";
+
 pub(super) async fn create_children(
     store: &PgStore,
     specs: &[ChildSpec],
@@ -122,19 +146,14 @@ async fn create_in_tx(
     all_tokens.dedup();
     // The claims still the parent's, locked: no takeover slips in before the hand-over. A
     // token handed to an earlier row of this call is no longer the parent's for a later one.
-    let mut held: HashSet<String> = sqlx::query_scalar(
-        "SELECT token FROM dockhand_item_claims
-         WHERE id = ANY(ARRAY(SELECT d.id FROM dockhand_item_claims d WHERE d.token = ANY($2)))
-           AND job_id = $1 AND status = 'claimed'
-         ORDER BY token FOR UPDATE",
-    )
-    .bind(parent)
-    .bind(&all_tokens)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(Error::db(op))?
-    .into_iter()
-    .collect();
+    let mut held: HashSet<String> = sqlx::query_scalar(HELD_CLAIMS)
+        .bind(parent)
+        .bind(&all_tokens)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(Error::db(op))?
+        .into_iter()
+        .collect();
     let mut outcomes: Vec<Option<ChildOutcome>> = vec![None; specs.len()];
     let mut create: Vec<(usize, Vec<&String>)> = Vec::new();
     for (at, c) in specs.iter().enumerate() {
@@ -286,26 +305,15 @@ async fn insert_children(
         }
     }
     if !tokens.is_empty() {
-        // The rows by token, then by primary key: a plan that cannot walk the parent's claims
-        // (a generic plan on fresh statistics chose `job_id`, every item of the batch, for
-        // each chunk: ~10 ms per chunk of 100 at 5,000 items, under the parent's lock).
-        sqlx::query(
-            "UPDATE dockhand_item_claims c
-             SET job_id = m.child,
-                 expires_at = $2 + COALESCE(c.ttl_ms, m.ttl) * INTERVAL '1 millisecond'
-             FROM UNNEST($1::text[], $3::int8[], $4::int8[]) AS m(token, child, ttl)
-             WHERE c.id = ANY(ARRAY(SELECT d.id FROM dockhand_item_claims d
-                                    WHERE d.token = ANY($1::text[])))
-               AND c.token = m.token AND c.job_id = $5 AND c.status = 'claimed'",
-        )
-        .bind(&tokens)
-        .bind(ts(now))
-        .bind(&owners)
-        .bind(&ttls)
-        .bind(parent)
-        .execute(&mut *conn)
-        .await
-        .map_err(Error::db("create_children (claims)"))?;
+        sqlx::query(HAND_OVER_CLAIMS)
+            .bind(&tokens)
+            .bind(ts(now))
+            .bind(&owners)
+            .bind(&ttls)
+            .bind(parent)
+            .execute(&mut *conn)
+            .await
+            .map_err(Error::db("create_children (claims)"))?;
     }
     sqlx::query(
         "UPDATE dockhand_worklist w

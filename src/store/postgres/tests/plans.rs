@@ -2,12 +2,13 @@
 //! under the generic plan PostgreSQL switches a prepared statement to after five runs: each
 //! must find its rows by key, never test every unnested row against every candidate row (the
 //! key equality as a nested loop's `Join Filter`). With an `id = ANY($1)` beside the join, 2,700 finishes
-//! took 1.2 s instead of 13 ms once the plan went generic. (`finish_set::RELEASE_SUPERSEDED`
+//! took 1.2 s instead of 13 ms once the plan went generic. Also: the batch hand-over of claims
+//! by token on stale statistics. (`finish_set::RELEASE_SUPERSEDED`
 //! lost the same predicate; its plan is not pinned here: on an empty claims table the old
 //! form planned by key too.)
 
 use super::{cleanup, fresh, t0};
-use crate::store::postgres::{claim, finish, round};
+use crate::store::postgres::{children, claim, finish, round};
 use crate::store::{ClaimRequest, PreparedAction, Store};
 use crate::ActionSpec;
 use chrono::Duration;
@@ -18,14 +19,19 @@ use sqlx::Row;
 const ROWS: usize = 20_000;
 
 /// `statement` prepared under `plan_cache_mode = force_generic_plan` and explained with
-/// `args` (SQL literals; their values do not shape a generic plan).
+/// `args` (SQL literals; their values do not shape a generic plan). `args` may start with the
+/// parameters' types in parentheses, for a statement whose types PostgreSQL cannot infer.
 async fn generic_plan(
     conn: &mut sqlx::PgConnection,
     name: &str,
     statement: &str,
     args: &str,
 ) -> String {
-    sqlx::raw_sql(&format!("PREPARE {name} AS {statement}"))
+    let (types, args) = match args.strip_prefix('(').and_then(|a| a.split_once(") ")) {
+        Some((types, args)) => (format!("({types})"), args),
+        None => (String::new(), args),
+    };
+    sqlx::raw_sql(&format!("PREPARE {name} {types} AS {statement}"))
         .execute(&mut *conn)
         .await
         .unwrap();
@@ -104,6 +110,63 @@ async fn lease_sets_are_joined_by_key_under_a_generic_plan() {
             !by_filter,
             "{name}: the generic plan tests every unnested row against each candidate \
              ({left} = {right} as a join filter):\n{plan}"
+        );
+    }
+    drop(conn);
+    cleanup(s, &url, &schema).await;
+}
+
+/// The claims of a chunk, handed from the batch parent to its children, are found by token and
+/// then by primary key, also on statistics taken before the batch's claims existed: neither a
+/// scan of the claims table nor a walk of the parent's claims (its `job_id` index), which
+/// costs every chunk the whole batch.
+#[tokio::test]
+async fn hand_over_finds_claims_by_token_on_stale_statistics() {
+    let Some((s, url, schema)) = fresh("hand_over_finds_claims_by_token_on_stale_statistics").await
+    else {
+        return;
+    };
+    let parent = super::new_job(&s).await;
+    let mut conn = s.pool.acquire().await.unwrap();
+    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+    // The batch's claims arrive after the statistics were taken, as W4's do.
+    sqlx::query(
+        "INSERT INTO dockhand_item_claims
+             (identity_hash, scope, source_type, item_id, status, token, job_id, claimed_at,
+              expires_at)
+         SELECT 'h' || g, 'shared:plan', 'plan', 'item-' || g, 'claimed', 't' || g, $1, now(),
+                now() + INTERVAL '5 minutes'
+         FROM generate_series(1, 5000) AS g",
+    )
+    .bind(parent)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let cases = [
+        (
+            "children::HELD_CLAIMS",
+            children::HELD_CLAIMS,
+            format!("{parent}, '{{t1,t2,t3}}'"),
+        ),
+        (
+            "children::HAND_OVER_CLAIMS",
+            children::HAND_OVER_CLAIMS,
+            format!(
+                "(text[], timestamptz, int8[], int8[], int8) \
+                 '{{t1,t2,t3}}', now(), '{{7,8,9}}', '{{1000,1000,1000}}', {parent}"
+            ),
+        ),
+    ];
+    for (i, (name, statement, args)) in cases.into_iter().enumerate() {
+        let plan = generic_plan(&mut conn, &format!("hand_{i}"), statement, &args).await;
+        assert!(
+            !plan.contains("dockhand_item_claims_job")
+                && !plan.contains("Seq Scan on dockhand_item_claims"),
+            "{name}: the plan walks the parent's claims or scans the table:\n{plan}"
         );
     }
     drop(conn);
