@@ -8,7 +8,7 @@
 //! limited claim of [`super::limits`] then runs after the finishes' commit).
 
 use super::claim::decode_claimed;
-use super::finish::log;
+use super::finish::{complete_leases_sql, log};
 use super::{ts, PgStore};
 use crate::error::{Error, Result};
 use crate::store::{ClaimRequest, Finish, FinishAndClaim, FinishResult, Lease, Store};
@@ -18,15 +18,11 @@ use std::collections::HashSet;
 
 /// Binds: 1 now, 2 limit, 3 owner, 4 lease_until, 5 hooks, 6 routed hooks, 7 their groups,
 /// 8 ids, 9 tokens. Rows: the completed ids (`done` true), then the claimed actions in claim
-/// order. The completions join the unnested leases by primary key alone (see
-/// [`super::finish::COMPLETE_LEASES`]).
-pub(super) const ROUND: &str = "WITH done AS (
-     UPDATE dockhand_actions a
-     SET status = 'complete', finished_at = $1, lease_owner = NULL, lease_until = NULL
-     FROM UNNEST($8::bigint[], $9::bigint[]) AS l(id, token)
-     WHERE a.id = l.id AND a.lease_token = l.token
-       AND a.status = 'running'
-     RETURNING a.id),
+/// order. The completions are [`super::finish::complete_leases_sql`]'s.
+pub(super) const ROUND: &str = concat!(
+    "WITH done AS (",
+    complete_leases_sql!("$1", "$8", "$9"),
+    "),
  claimed AS (
      UPDATE dockhand_actions a
      SET status = 'running', lease_owner = $3, lease_token = a.lease_token + 1,
@@ -45,7 +41,8 @@ pub(super) const ROUND: &str = "WITH done AS (
      SELECT false, id, hook, args, group_name, scheduled_at, attempt, max_attempts, timeout_ms,
             lease_token, priority
      FROM claimed) r
- ORDER BY done DESC, priority, scheduled_at, id";
+ ORDER BY done DESC, priority, scheduled_at, id"
+);
 
 pub(super) async fn finish_and_claim(
     store: &PgStore,

@@ -1,25 +1,14 @@
 //! The action queue: lifecycle, unique and bulk enqueues, the reaper and pruning, schedules,
 //! maintenance leases and cross-process wake-ups.
 
-use super::{cleanup, fresh, t0, PgStore};
+use super::{claim_request as req, cleanup, fresh, t0, PgStore};
 use crate::action::{ActionFilter, ActionQuery};
 use crate::schedule::{Recurrence, ScheduleSpec};
-use crate::store::{ClaimRequest, Finish, FinishResult, Lease, PruneCutoffs, Store};
+use crate::store::{Finish, FinishResult, Lease, PruneCutoffs, Store};
 use crate::ActionSpec;
-use chrono::{DateTime, Duration, Utc};
+use chrono::Duration;
 use serde_json::json;
 use std::sync::Arc;
-
-fn req(owner: &str, now: DateTime<Utc>, limit: i64) -> ClaimRequest<'_> {
-    ClaimRequest {
-        owner,
-        limit,
-        now,
-        lease_until: now + Duration::seconds(30),
-        hooks: None,
-        routing: None,
-    }
-}
 
 #[tokio::test]
 async fn lifecycle() {

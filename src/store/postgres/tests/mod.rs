@@ -20,7 +20,7 @@ use crate::claims::{
     ClaimItemRequest, ClaimOutcome, ClaimStatus, CompletionConfig, Descriptor, Identity,
 };
 use crate::jobs::{NewJob, StepAction};
-use crate::store::Store;
+use crate::store::{ClaimRequest, Store};
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use serde_json::json;
 
@@ -76,6 +76,18 @@ pub(super) fn claimed(o: ClaimOutcome) -> Descriptor {
     match o {
         ClaimOutcome::Claimed(d) => d,
         other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+/// A claim of up to `limit` actions by `owner` at `now`, leased for 30 s.
+pub(super) fn claim_request(owner: &str, now: DateTime<Utc>, limit: i64) -> ClaimRequest<'_> {
+    ClaimRequest {
+        owner,
+        limit,
+        now,
+        lease_until: now + Duration::seconds(30),
+        hooks: None,
+        routing: None,
     }
 }
 

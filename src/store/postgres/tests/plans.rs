@@ -7,11 +7,10 @@
 //! lost the same predicate; its plan is not pinned here: on an empty claims table the old
 //! form planned by key too.)
 
-use super::{cleanup, fresh, t0};
+use super::{claim_request, cleanup, fresh, t0};
 use crate::store::postgres::{children, claim, finish, round};
-use crate::store::{ClaimRequest, PreparedAction, Store};
+use crate::store::{PreparedAction, Store};
 use crate::ActionSpec;
-use chrono::Duration;
 use serde_json::json;
 use sqlx::Row;
 
@@ -60,17 +59,7 @@ async fn lease_sets_are_joined_by_key_under_a_generic_plan() {
         })
         .collect();
     s.enqueue_bulk(&actions, now).await.unwrap();
-    let claimed = s
-        .claim(&ClaimRequest {
-            owner: "w",
-            limit: 3_000,
-            now,
-            lease_until: now + Duration::seconds(30),
-            hooks: None,
-            routing: None,
-        })
-        .await
-        .unwrap();
+    let claimed = s.claim(&claim_request("w", now, 3_000)).await.unwrap();
     assert_eq!(claimed.len(), 3_000);
     let mut conn = s.pool.acquire().await.unwrap();
     sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
