@@ -61,12 +61,14 @@ async fn runs_held(
 }
 
 /// Binds: 1 jobs, 2 steps, 3 step actions, 4 their tokens, 5 kept claims' jobs, 6 their
-/// tokens. Joined by `job_id` alone (no `job_id = ANY($1)` beside it, which a generic plan
-/// tested against every unnested row; see [`super::finish::COMPLETE_LEASES`]).
+/// tokens. The claims are read by `job_id = ANY($1)` (the claims index of the group's own
+/// jobs); joined by `job_id` alone, on statistics taken before the batch's claims existed,
+/// PostgreSQL read every claimed claim of the table instead (`tests/plans.rs`). The join
+/// then tests each of those claims against the group's rows: a group's size squared at most.
 pub(super) const RELEASE_SUPERSEDED: &str = "DELETE FROM dockhand_item_claims c
  USING UNNEST($1::bigint[], $2::int[], $3::bigint[], $4::bigint[])
        AS r(job, step, action, token)
- WHERE c.job_id = r.job AND c.status = 'claimed'
+ WHERE c.job_id = ANY($1::bigint[]) AND c.job_id = r.job AND c.status = 'claimed'
    AND c.run_step = r.step AND (c.run_action <> r.action OR c.run_token <> r.token)
    AND NOT EXISTS (SELECT 1 FROM UNNEST($5::bigint[], $6::text[]) AS k(job, token)
                    WHERE k.job = c.job_id AND k.token = c.token)";

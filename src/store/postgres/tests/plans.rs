@@ -3,12 +3,10 @@
 //! must find its rows by key, never test every unnested row against every candidate row (the
 //! key equality as a nested loop's `Join Filter`). With an `id = ANY($1)` beside the join, 2,700 finishes
 //! took 1.2 s instead of 13 ms once the plan went generic. Also: the batch hand-over of claims
-//! by token on stale statistics. (`finish_set::RELEASE_SUPERSEDED`
-//! lost the same predicate; its plan is not pinned here: on an empty claims table the old
-//! form planned by key too.)
+//! by token, and the grouped finish's release of superseded claims, on stale statistics.
 
 use super::{claim_request, cleanup, fresh, t0};
-use crate::store::postgres::{children, claim, finish, round};
+use crate::store::postgres::{children, claim, finish, finish_set, round};
 use crate::store::{PreparedAction, Store};
 use crate::ActionSpec;
 use serde_json::json;
@@ -108,7 +106,8 @@ async fn lease_sets_are_joined_by_key_under_a_generic_plan() {
 /// The claims of a chunk, handed from the batch parent to its children, are found by token and
 /// then by primary key, also on statistics taken before the batch's claims existed: neither a
 /// scan of the claims table nor a walk of the parent's claims (its `job_id` index), which
-/// costs every chunk the whole batch.
+/// costs every chunk the whole batch. The grouped finish's superseded claims, on the same
+/// statistics, are read by the `job_id` index of the group's own jobs.
 #[tokio::test]
 async fn hand_over_finds_claims_by_token_on_stale_statistics() {
     let Some((s, url, schema)) = fresh("hand_over_finds_claims_by_token_on_stale_statistics").await
@@ -158,6 +157,21 @@ async fn hand_over_finds_claims_by_token_on_stale_statistics() {
             "{name}: the plan walks the parent's claims or scans the table:\n{plan}"
         );
     }
+    // The grouped finish's release of superseded claims reads the claims of the group's own
+    // jobs by their index, never every claimed claim of the table.
+    let plan = generic_plan(
+        &mut conn,
+        "release_superseded",
+        finish_set::RELEASE_SUPERSEDED,
+        &format!("'{{{parent},2,3}}', '{{1,1,1}}', '{{4,5,6}}', '{{1,1,1}}', '{{}}', '{{}}'"),
+    )
+    .await;
+    assert!(
+        plan.contains("dockhand_item_claims_job")
+            && !plan.contains("Seq Scan on dockhand_item_claims")
+            && !plan.contains("dockhand_item_claims_expiry"),
+        "finish_set::RELEASE_SUPERSEDED: the plan reads more than the group's jobs' claims:\n{plan}"
+    );
     drop(conn);
     cleanup(s, &url, &schema).await;
 }
