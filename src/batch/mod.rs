@@ -243,6 +243,17 @@ pub(crate) fn run_by_of<'a, T>(specs: &'a [ChildSpec], create: &[(usize, T)]) ->
         .and_then(|(at, _)| specs[*at].run_by.as_ref())
 }
 
+/// Whether a backend's `create_children` inserts child `c` started, its step action running
+/// under `run_by`'s lease: there is such a run and the action's group is not among `held`
+/// (the paused and limited groups, whose actions stay pending for the runners).
+pub(crate) fn started_by_run(
+    c: &ChildSpec,
+    run_by: Option<&RunBy>,
+    held: &std::collections::HashSet<String>,
+) -> bool {
+    run_by.is_some() && !c.step.group.as_ref().is_some_and(|g| held.contains(g))
+}
+
 /// The children a backend's `create_children` has leased the step actions of (`leased`, by
 /// unique key), among the created ones (`create`'s spec positions, `ids` the child id by row
 /// index): the ones it starts in the same transaction ([`ChildOutcome::Leased`]).

@@ -92,6 +92,8 @@ impl Engine {
             lease: Some(lease),
             complete_run: true,
             superseded,
+            // No hook to run: the event is the record, written delivered (no sweep write).
+            event_delivered: self.delivers_events && !self.hooks.any(),
         };
         let done = match control.finish_queue() {
             // A child run by its chunk: the chunk writes its children's finishes together.

@@ -285,6 +285,11 @@ pub struct FinishRequest {
     /// [`crate::Store::release_superseded_claims`] does on its own), so they are not completed
     /// with the job though never processed.
     pub superseded: Option<Superseded>,
+    /// The lifecycle event is written already delivered (J5): set by a runtime that registers
+    /// no lifecycle hook, which has nothing to run for it and would otherwise mark it
+    /// delivered unheard with a write of its own (the outbox sweep). Operator tools, which
+    /// leave events for a runtime's hooks, never set it.
+    pub event_delivered: bool,
 }
 
 /// The finishing run's step and the claim tokens its output carries

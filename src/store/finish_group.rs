@@ -136,6 +136,8 @@ pub(crate) struct Move<'a> {
     pub(crate) reason: Option<&'a str>,
     /// Its status when read: the compare-and-swap's guard.
     pub(crate) was: JobStatus,
+    /// Its event is written delivered ([`FinishRequest::event_delivered`]).
+    pub(crate) event_delivered: bool,
 }
 
 /// A set-based group finish decided before its claims are completed ([`plan`]).
@@ -190,6 +192,7 @@ pub(crate) fn plan<'a>(
             status: r.status,
             reason: r.reason.as_deref(),
             was: job.status,
+            event_delivered: r.event_delivered,
         });
         moved.insert(r.job_id, (r.status, r.reason.clone()));
         let finished = InTx::Finished {
@@ -323,6 +326,7 @@ mod tests {
             lease: None,
             complete_run: false,
             superseded: None,
+            event_delivered: false,
         }
     }
 
@@ -419,6 +423,7 @@ mod tests {
             status,
             reason,
             was: JobStatus::Processing,
+            event_delivered: false,
         };
         // Job order; job 8's second request finds the first's status; job 5 was final.
         assert_eq!(

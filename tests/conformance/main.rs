@@ -89,6 +89,8 @@ conformance!(
     grouped_finish_with_a_lost_lease_leaves_that_job,
     grouped_finish_completes_the_step_run_in_its_transaction,
     grouped_start_steps_decide_as_start_step,
+    grouped_finish_writes_an_event_delivered_when_asked,
+    runtime_without_hooks_leaves_no_event_to_sweep,
     s_t1_every_final_route_passes_the_bridge_once,
     s_t2_finishing_a_final_job_again,
     s_t3_crash_before_delivery_replays_once,
@@ -152,6 +154,7 @@ conformance!(
     a_fatal_child_in_its_chunk_fails_its_job_through_the_bridge,
     a_child_result_the_chunk_could_not_write_is_reaped_and_rerun,
     children_in_chunk_ending_apart_are_all_finished,
+    children_of_a_limited_group_are_left_to_the_runners,
     // Failure routes through the fault-injection store
     fault_bridge_fails_before_then_retry_finishes_once,
     fault_bridge_commits_but_ack_lost,

@@ -228,7 +228,7 @@ async fn write_set(
     tx: &mut MySqlConnection,
     writes: &ClaimWrites,
     moves: &Moves,
-    events: &[(i64, &'static str, Option<String>)],
+    events: &[(i64, &'static str, Option<String>, bool)],
     now: DateTime<Utc>,
 ) -> Result<u64> {
     let op = "finish_jobs";
@@ -274,19 +274,21 @@ async fn write_set(
     }
     if !events.is_empty() {
         // As the single path: an event row already there describes no finish that happened
-        // (one per job, written only on the move to final), so it is replaced, undelivered.
+        // (one per job, written only on the move to final), so it is replaced: undelivered, or
+        // delivered when the request writes it so (`FinishRequest::event_delivered`).
         let mut qb = QueryBuilder::<MySql>::new(
-            "INSERT INTO dockhand_job_events (job_id, status, reason, created_at) ",
+            "INSERT INTO dockhand_job_events (job_id, status, reason, created_at, delivered_at) ",
         );
-        qb.push_values(events, |mut b, (id, status, reason)| {
+        qb.push_values(events, |mut b, (id, status, reason, delivered)| {
             b.push_bind(*id)
                 .push_bind(*status)
                 .push_bind(reason.as_deref())
-                .push_bind(ms(now));
+                .push_bind(ms(now))
+                .push_bind(delivered.then(|| ms(now)));
         });
         qb.push(
             " ON DUPLICATE KEY UPDATE status = VALUES(status), reason = VALUES(reason),
-              created_at = VALUES(created_at), delivered_at = NULL",
+              created_at = VALUES(created_at), delivered_at = VALUES(delivered_at)",
         );
         qb.build()
             .execute(&mut *tx)
@@ -351,7 +353,7 @@ pub(super) async fn finish_set(
             .entry((m.status.as_str(), reason.clone(), m.was.as_str()))
             .or_default()
             .push(m.job_id);
-        events.push((m.job_id, m.status.as_str(), reason));
+        events.push((m.job_id, m.status.as_str(), reason, m.event_delivered));
     }
     let moved = write_set(tx, &writes, &moves, &events, now).await?;
     all_moved("finish_jobs", moved, events.len())?;

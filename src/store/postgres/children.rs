@@ -5,7 +5,9 @@
 //! stopped or a claim was lost, or create), then writes the new children with one statement
 //! per table: the jobs (`UNNEST` of the specs joined to their worklist rows), the claim
 //! hand-over, the rows marked completed, the step actions in bulk, and last the parent's
-//! `children_total` once. Any error rolls the whole chunk back; the caller then goes row by
+//! `children_total` once. Children the chunk run runs itself ([`ChildSpec::run_by`]) are
+//! inserted started (`processing`) with their step actions `running` under its lease, unless
+//! their group is paused or limited. Any error rolls the whole chunk back; the caller then goes row by
 //! row.
 //!
 //! The parent is locked `FOR KEY SHARE`, not `FOR UPDATE`: every change that decides whether a
@@ -18,7 +20,6 @@
 
 use super::batch::{discard_row, refusal};
 use super::enqueue::enqueue_fresh;
-use super::grouped::start_pending;
 use super::lease_fence::run_fence;
 use super::{ts, PgStore};
 use crate::batch::{ChildOutcome, ChildSpec, DiscardCause, RunBy};
@@ -238,6 +239,15 @@ async fn insert_children(
     channel: &str,
 ) -> Result<bool> {
     let op = "create_children";
+    // A child whose step action the chunk run leases is inserted started and its step action
+    // running (what a claim and `start_steps` would write, in this transaction); the rest
+    // pending, for the runners.
+    let run_by = crate::batch::run_by_of(specs, create);
+    let held = match run_by {
+        Some(_) => held_groups(&mut *conn).await?,
+        None => HashSet::new(),
+    };
+    let leases = |c: &ChildSpec| crate::batch::started_by_run(c, run_by, &held);
     let mut refs = Vec::with_capacity(create.len());
     for &(at, _) in create {
         refs.push(
@@ -249,10 +259,10 @@ async fn insert_children(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version, parent_id,
              child_index, created_at, updated_at, item_ref, sidecar)
-         SELECT u.p, 'pending', u.s, u.r::jsonb, '{}', 0, $1, w.idx, $2, $2, w.payload_ref,
+         SELECT u.p, u.st, u.s, u.r::jsonb, '{}', 0, $1, w.idx, $2, $2, w.payload_ref,
                 w.sidecar
-         FROM UNNEST($3::int4[], $4::text[], $5::int4[], $6::text[]) WITH ORDINALITY
-              AS u(i, p, s, r, n)
+         FROM UNNEST($3::int4[], $4::text[], $5::int4[], $6::text[], $7::text[]) WITH ORDINALITY
+              AS u(i, p, s, r, st, n)
          JOIN dockhand_worklist w ON w.parent_id = $1 AND w.idx = u.i
          ORDER BY u.n
          ON CONFLICT (parent_id, child_index) WHERE parent_id IS NOT NULL DO NOTHING
@@ -279,6 +289,18 @@ async fn insert_children(
             .collect::<Vec<_>>(),
     )
     .bind(&refs)
+    .bind(
+        create
+            .iter()
+            .map(|&(at, _)| {
+                if leases(&specs[at]) {
+                    "processing"
+                } else {
+                    "pending"
+                }
+            })
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(&mut *conn)
     .await
     .map_err(Error::db(op))?;
@@ -327,22 +349,32 @@ async fn insert_children(
     .execute(&mut *conn)
     .await
     .map_err(Error::db("create_children (worklist)"))?;
-    let actions: Vec<_> = create
-        .iter()
-        .map(|(at, _)| {
-            let c = &specs[*at];
-            c.step.action(ids[&c.idx], c.step_index, now)
-        })
-        .collect();
-    let run_by = crate::batch::run_by_of(specs, create);
-    enqueue_fresh(&mut *conn, &actions, now, Some(channel)).await?;
+    let (mut actions, mut pending, mut running) = (Vec::new(), Vec::new(), Vec::new());
+    for (at, _) in create {
+        let c = &specs[*at];
+        let a = c.step.action(ids[&c.idx], c.step_index, now);
+        if leases(c) {
+            running.push(a.clone());
+        } else {
+            pending.push(a.clone());
+        }
+        actions.push(a);
+    }
+    if !pending.is_empty() {
+        enqueue_fresh(&mut *conn, &pending, now, Some(channel)).await?;
+    }
     let leased = match run_by {
-        Some(by) => lease_steps(&mut *conn, &actions, by, now).await?,
-        None => HashMap::new(),
+        Some(by) if !running.is_empty() => insert_running(&mut *conn, &running, by, now).await?,
+        _ => HashMap::new(),
     };
-    let started = crate::batch::leased_children(specs, create, &ids, &leased);
-    // The leased children start here (see `ChildOutcome::Leased`).
-    start_pending(&mut *conn, &started, now, "create_children (start)").await?;
+    if leased.len() != running.len() {
+        // A started child without its running step action: the caller goes row by row.
+        return Err(Error::Config(format!(
+            "job {parent}: {} of {} started children's step actions inserted",
+            leased.len(),
+            running.len()
+        )));
+    }
     // The parent row's only write, last: until here the transaction holds the parent in key
     // share mode, which the children's counter updates do not wait for (module docs).
     sqlx::query("UPDATE dockhand_jobs SET children_total = children_total + $2 WHERE id = $1")
@@ -356,40 +388,80 @@ async fn insert_children(
     ))
 }
 
-/// Leases the just-enqueued step actions to `by` as a claim would (running, token + 1,
-/// attempt + 1, the `started` entry recorded in the row), except those in a paused or limited
-/// group, which stay pending for the runners; the leases by unique key.
-async fn lease_steps(
+/// The groups whose actions a chunk run may not lease (paused or limited: they stay pending
+/// for the runners, as a claim would leave them).
+async fn held_groups(conn: &mut PgConnection) -> Result<HashSet<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT group_name FROM dockhand_group_pauses
+         UNION SELECT group_name FROM dockhand_group_limits",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db("create_children (held groups)"))?
+    .into_iter()
+    .collect())
+}
+
+/// Inserts the step actions of children the chunk run leases as a claim leaves an action
+/// (running, token 1, attempt 1, the `started` entry in the row; `started_after` 0: a new
+/// action has no log entry); the leases by unique key. A conflicting leftover inserts
+/// nothing for its key.
+async fn insert_running(
     conn: &mut PgConnection,
     actions: &[crate::action::PreparedAction],
     by: &RunBy,
     now: DateTime<Utc>,
 ) -> Result<HashMap<String, Lease>> {
-    let keys: Vec<&str> = actions
-        .iter()
-        .filter_map(|a| a.unique_key.as_deref())
-        .collect();
     let rows: Vec<(i64, String, i64)> = sqlx::query_as(
-        "WITH leased AS (
-             UPDATE dockhand_actions a
-             SET status = 'running', lease_owner = $1, lease_token = a.lease_token + 1,
-                 lease_until = $2, attempt = a.attempt + 1, started_at = $3,
-                 started_by = $1, started_after = COALESCE(
-                     (SELECT MAX(l.id) FROM dockhand_action_logs l WHERE l.action_id = a.id), 0)
-             WHERE a.unique_key = ANY($4::text[]) AND a.status = 'pending'
-               AND (a.group_name IS NULL
-                    OR a.group_name NOT IN (SELECT group_name FROM dockhand_group_pauses
-                                            UNION ALL SELECT group_name FROM dockhand_group_limits))
-             RETURNING a.id, a.unique_key, a.lease_token)
-         SELECT id, unique_key, lease_token FROM leased",
+        "INSERT INTO dockhand_actions
+            (hook, args, group_name, priority, status, scheduled_at, max_attempts, timeout_ms,
+             unique_key, created_at, lease_owner, lease_token, lease_until, attempt,
+             started_at, started_by, started_after)
+         SELECT t.hook, t.args::jsonb, t.group_name, t.priority, 'running', t.scheduled_at,
+                t.max_attempts, t.timeout_ms, t.unique_key, $9, $10, 1, $11, 1, $9, $10, 0
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[],
+                     $6::int4[], $7::int8[], $8::text[])
+              AS t(hook, args, group_name, priority, scheduled_at, max_attempts, timeout_ms,
+                   unique_key)
+         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
+             AND status IN ('pending', 'running')
+         DO NOTHING
+         RETURNING id, unique_key, lease_token",
     )
+    .bind(actions.iter().map(|a| a.hook.as_str()).collect::<Vec<_>>())
+    .bind(
+        actions
+            .iter()
+            .map(|a| a.args_json.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        actions
+            .iter()
+            .map(|a| a.group.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(actions.iter().map(|a| a.priority).collect::<Vec<_>>())
+    .bind(
+        actions
+            .iter()
+            .map(|a| ts(a.scheduled_at))
+            .collect::<Vec<_>>(),
+    )
+    .bind(actions.iter().map(|a| a.max_attempts).collect::<Vec<_>>())
+    .bind(actions.iter().map(|a| a.timeout_ms).collect::<Vec<_>>())
+    .bind(
+        actions
+            .iter()
+            .map(|a| a.unique_key.as_deref())
+            .collect::<Vec<_>>(),
+    )
+    .bind(ts(now))
     .bind(&by.owner)
     .bind(ts(by.lease_until))
-    .bind(ts(now))
-    .bind(&keys)
     .fetch_all(&mut *conn)
     .await
-    .map_err(Error::db("create_children (lease step actions)"))?;
+    .map_err(Error::db("create_children (running step actions)"))?;
     Ok(rows
         .into_iter()
         .map(|(id, key, token)| (key, Lease { id, token }))

@@ -205,6 +205,8 @@ struct Moves {
     statuses: Vec<&'static str>,
     reasons: Vec<Option<String>>,
     was: Vec<&'static str>,
+    /// Whether each event is written delivered ([`FinishRequest::event_delivered`]).
+    delivered: Vec<bool>,
 }
 
 /// The group's writes in one statement: the settles, the releases, the status
@@ -228,19 +230,20 @@ async fn write_set(
              DELETE FROM dockhand_item_claims
              WHERE job_id = ANY($4::bigint[]) AND status = 'claimed' RETURNING id),
          m AS (
-             SELECT * FROM UNNEST($5::bigint[], $6::text[], $7::text[], $8::text[])
-                 AS m(id, status, reason, was)),
+             SELECT * FROM UNNEST($5::bigint[], $6::text[], $7::text[], $8::text[],
+                                  $9::boolean[])
+                 AS m(id, status, reason, was, delivered)),
          moved AS (
              UPDATE dockhand_jobs j SET status = m.status, reason = m.reason, finished_at = $1,
                  updated_at = $1
              FROM m WHERE j.id = m.id AND j.status = m.was
              RETURNING j.id),
          events AS (
-             INSERT INTO dockhand_job_events (job_id, status, reason, created_at)
-             SELECT m.id, m.status, m.reason, $1 FROM m
+             INSERT INTO dockhand_job_events (job_id, status, reason, created_at, delivered_at)
+             SELECT m.id, m.status, m.reason, $1, CASE WHEN m.delivered THEN $1 END FROM m
              ON CONFLICT (job_id) DO UPDATE SET status = EXCLUDED.status,
                  reason = EXCLUDED.reason, created_at = EXCLUDED.created_at,
-                 delivered_at = NULL
+                 delivered_at = EXCLUDED.delivered_at
              RETURNING job_id)
          SELECT count(*) FROM moved",
     )
@@ -252,6 +255,7 @@ async fn write_set(
     .bind(&moves.statuses)
     .bind(&moves.reasons)
     .bind(&moves.was)
+    .bind(&moves.delivered)
     .fetch_one(&mut *tx)
     .await
     .map_err(Error::db("finish_jobs"))?;
@@ -304,6 +308,7 @@ pub(super) async fn finish_set(
         moves.statuses.push(m.status.as_str());
         moves.reasons.push(m.reason.map(str::to_string));
         moves.was.push(m.was.as_str());
+        moves.delivered.push(m.event_delivered);
     }
     let moved = write_set(tx, &settles, &released, &moves, now).await?;
     all_moved(

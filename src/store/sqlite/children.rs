@@ -4,18 +4,18 @@
 //! [`super::batch::create_child`] would (adopt, discard because the batch stopped or a claim
 //! was lost, or create), then writes the new children with one statement per table: the jobs
 //! (from their worklist rows), the claim hand-over, the rows marked completed, the parent's
-//! `children_total` and the step actions. Any error rolls the whole chunk back; the caller then
+//! `children_total` and the step actions. Children the chunk run runs itself
+//! ([`ChildSpec::run_by`]) are inserted started (`processing`) with their step actions
+//! `running` under its lease, unless their group is paused or limited. Any error rolls the whole chunk back; the caller then
 //! goes row by row. The statements are driven by the chunk's rows (a `CROSS JOIN` keeps
 //! `json_each` outside), never by the parent's whole worklist. Claims are found by token (`INDEXED BY`, migration 0015), not among the
 //! parent's claims, which may be every item of the batch.
 
 use super::batch::{discard_row, refusal};
-use super::claim::claim_started_sql;
 use super::lease_fence::run_fence;
 use super::{ms, SqliteStore};
-use crate::batch::{sidecar_text_is_malformed, ChildOutcome, ChildSpec, DiscardCause, RunBy};
+use crate::batch::{sidecar_text_is_malformed, ChildOutcome, ChildSpec, DiscardCause};
 use crate::error::{Error, Result};
-use crate::store::finish_group::all_moved;
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
 use serde_json::json;
@@ -23,7 +23,7 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 use std::collections::{HashMap, HashSet};
 
 /// Bound parameters per step action; chunks stay under SQLite's 32,766-parameter limit.
-const PARAMS_PER_ACTION: usize = 10;
+const PARAMS_PER_ACTION: usize = 17;
 const MAX_PARAMS: usize = 32_000;
 
 pub(super) async fn create_children(
@@ -194,68 +194,18 @@ async fn create_in_tx(
     Ok((outcomes, due))
 }
 
-/// Leases the just-inserted step actions `(id, unique key)` to `by` as a claim would (running,
-/// token + 1, attempt + 1, the `started` entry recorded in the row),
-/// except those in a paused or limited group, which stay pending for the runners; the leases
-/// by unique key.
-async fn lease_steps(
-    tx: &mut SqliteConnection,
-    inserted: &[(i64, String)],
-    by: &RunBy,
-    now: DateTime<Utc>,
-) -> Result<HashMap<String, Lease>> {
-    let ids: Vec<i64> = inserted.iter().map(|(id, _)| *id).collect();
-    let rows: Vec<(i64, i64)> = sqlx::query_as(concat!(
-        "UPDATE dockhand_actions
-         SET status = 'running', lease_owner = ?1, lease_token = lease_token + 1,
-             lease_until = ?2, attempt = attempt + 1, ",
-        claim_started_sql!(),
-        "
-         WHERE id IN (SELECT value FROM json_each(?4)) AND status = 'pending'
-           AND (group_name IS NULL
-                OR group_name NOT IN (SELECT group_name FROM dockhand_group_pauses
-                                      UNION ALL SELECT group_name FROM dockhand_group_limits))
-         RETURNING id, lease_token"
-    ))
-    .bind(&by.owner)
-    .bind(ms(by.lease_until))
-    .bind(ms(now))
-    .bind(json!(ids).to_string())
+/// The groups whose actions a chunk run may not lease (paused or limited: they stay pending
+/// for the runners, as a claim would leave them).
+async fn held_groups(tx: &mut SqliteConnection) -> Result<HashSet<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT group_name FROM dockhand_group_pauses
+         UNION SELECT group_name FROM dockhand_group_limits",
+    )
     .fetch_all(&mut *tx)
     .await
-    .map_err(Error::db("create_children (lease step actions)"))?;
-    let keys: HashMap<i64, &String> = inserted.iter().map(|(id, k)| (*id, k)).collect();
-    Ok(rows
-        .into_iter()
-        .filter_map(|(id, token)| keys.get(&id).map(|k| ((*k).clone(), Lease { id, token })))
-        .collect())
-}
-
-/// Starts the children whose step actions this transaction leased (`pending` → `processing`,
-/// as [`crate::Store::start_steps`] would for a fresh child; see [`ChildOutcome::Leased`]).
-async fn start_leased(
-    tx: &mut SqliteConnection,
-    children: &[i64],
-    now: DateTime<Utc>,
-) -> Result<()> {
-    if children.is_empty() {
-        return Ok(());
-    }
-    // `+status`: by primary key, never the status index (src/store/sqlite/plan_tests.rs).
-    let done = sqlx::query(
-        "UPDATE dockhand_jobs SET status = 'processing', updated_at = ?1
-         WHERE id IN (SELECT value FROM json_each(?2)) AND +status = 'pending'",
-    )
-    .bind(ms(now))
-    .bind(json!(children).to_string())
-    .execute(&mut *tx)
-    .await
-    .map_err(Error::db("create_children (start)"))?;
-    all_moved(
-        "create_children (start)",
-        done.rows_affected(),
-        children.len(),
-    )
+    .map_err(Error::db("create_children (held groups)"))?
+    .into_iter()
+    .collect())
 }
 
 /// Inserts the children of `create` (spec position, its claim tokens) with their hand-overs,
@@ -269,18 +219,30 @@ async fn insert_children(
     now: DateTime<Utc>,
 ) -> Result<bool> {
     let op = "create_children";
+    // A child whose step action the chunk run leases is inserted started and its step action
+    // running (what a claim and `start_steps` would write, in this transaction); the rest
+    // pending, for the runners.
+    let run_by = crate::batch::run_by_of(specs, create);
+    let held = match run_by {
+        Some(_) => held_groups(&mut *tx).await?,
+        None => HashSet::new(),
+    };
+    let leases = |c: &ChildSpec| crate::batch::started_by_run(c, run_by, &held);
     let mut wanted = Vec::with_capacity(create.len());
     for &(at, _) in create {
         let c = &specs[at];
         let refs = serde_json::to_string(&c.input_refs)
             .map_err(|e| Error::invalid("input_refs", e.to_string()))?;
-        wanted.push(json!({"i": c.idx, "p": c.pipeline, "s": c.step_index, "r": refs}));
+        let status = if leases(c) { "processing" } else { "pending" };
+        wanted
+            .push(json!({"i": c.idx, "p": c.pipeline, "s": c.step_index, "r": refs, "st": status}));
     }
     let made: Vec<(i64, i32)> = sqlx::query_as(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version, parent_id,
              child_index, created_at, updated_at, item_ref, sidecar)
-         SELECT json_extract(j.value, '$.p'), 'pending', json_extract(j.value, '$.s'),
+         SELECT json_extract(j.value, '$.p'), json_extract(j.value, '$.st'),
+                json_extract(j.value, '$.s'),
                 json_extract(j.value, '$.r'), '{}', 0, ?1, w.idx, ?2, ?2, w.payload_ref,
                 w.sidecar
          FROM json_each(?3) j
@@ -355,51 +317,66 @@ async fn insert_children(
         .iter()
         .map(|(at, _)| {
             let c = &specs[*at];
-            c.step.action(ids[&c.idx], c.step_index, now)
+            (c.step.action(ids[&c.idx], c.step_index, now), leases(c))
         })
         .collect();
-    let mut inserted: Vec<(i64, String)> = Vec::with_capacity(actions.len());
+    let mut leased = HashMap::new();
+    let (now_ms, owner) = (ms(now), run_by.map(|b| b.owner.as_str()));
+    let until = run_by.map(|b| ms(b.lease_until));
     for part in actions.chunks(MAX_PARAMS / PARAMS_PER_ACTION) {
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
             "INSERT INTO dockhand_actions (hook, args, group_name, priority, status,
-             scheduled_at, max_attempts, timeout_ms, unique_key, created_at) ",
+             scheduled_at, max_attempts, timeout_ms, unique_key, created_at, lease_owner,
+             lease_token, lease_until, attempt, started_at, started_by, started_after) ",
         );
-        qb.push_values(part, |mut b, a| {
+        qb.push_values(part, |mut b, (a, run)| {
+            // A leased one as a claim leaves it: running, token 1, attempt 1, the `started`
+            // entry in the row (`started_after` 0: a new action has no log entry).
+            let run = *run;
             b.push_bind(&a.hook)
                 .push_bind(&a.args_json)
                 .push_bind(&a.group)
                 .push_bind(a.priority)
-                .push_bind("pending")
+                .push_bind(if run { "running" } else { "pending" })
                 .push_bind(ms(a.scheduled_at))
                 .push_bind(a.max_attempts)
                 .push_bind(a.timeout_ms)
                 .push_bind(&a.unique_key)
-                .push_bind(ms(now));
+                .push_bind(now_ms)
+                .push_bind(owner.filter(|_| run))
+                .push_bind(i64::from(run))
+                .push_bind(until.filter(|_| run))
+                .push_bind(i64::from(run))
+                .push_bind(run.then_some(now_ms))
+                .push_bind(owner.filter(|_| run))
+                .push_bind(run.then_some(0_i64));
         });
         // A fresh child has no active step action; a conflict could only be a leftover.
         qb.push(
             " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
               AND status IN ('pending', 'running') DO NOTHING
-              RETURNING id, unique_key",
+              RETURNING id, unique_key, lease_token",
         );
-        inserted.extend(
-            qb.build_query_as::<(i64, String)>()
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(Error::db("create_children (step actions)"))?,
-        );
+        let rows = qb
+            .build_query_as::<(i64, String, i64)>()
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(Error::db("create_children (step actions)"))?;
+        for (id, key, token) in rows {
+            if token > 0 {
+                leased.insert(key, Lease { id, token });
+            }
+        }
     }
-    let run_by = crate::batch::run_by_of(specs, create);
-    let leased = match run_by {
-        Some(by) => lease_steps(&mut *tx, &inserted, by, now).await?,
-        None => HashMap::new(),
-    };
-    start_leased(
-        &mut *tx,
-        &crate::batch::leased_children(specs, create, &ids, &leased),
-        now,
-    )
-    .await?;
+    let started = actions.iter().filter(|(_, run)| *run).count();
+    if leased.len() != started {
+        // A started child without its running step action: the caller goes row by row.
+        return Err(Error::Config(format!(
+            "job {parent}: {} of {started} started children's step actions inserted",
+            leased.len()
+        )));
+    }
+    let actions: Vec<_> = actions.into_iter().map(|(a, _)| a).collect();
     Ok(crate::batch::apply_leases(
         specs, create, &ids, &leased, outcomes, &actions, now,
     ))

@@ -242,6 +242,8 @@ struct Transition<'a> {
     status: &'a str,
     reason: Option<&'a str>,
     was: &'a str,
+    /// Whether its event is written delivered ([`FinishRequest::event_delivered`]).
+    delivered: bool,
 }
 
 /// The group's writes: each kind one statement, all of them sent as one batch (one hop to
@@ -262,16 +264,19 @@ UPDATE dockhand_jobs SET status = m.status, reason = m.reason, finished_at = ?2,
         FROM json_each(?1, '$.moves')) AS m
  WHERE dockhand_jobs.id = m.id AND dockhand_jobs.status = m.was
  RETURNING dockhand_jobs.id AS moved_id;
-INSERT INTO dockhand_job_events (job_id, status, reason, created_at)
+INSERT INTO dockhand_job_events (job_id, status, reason, created_at, delivered_at)
  SELECT json_extract(value, '$.id'), json_extract(value, '$.status'),
-        json_extract(value, '$.reason'), ?2
+        json_extract(value, '$.reason'), ?2,
+        CASE WHEN json_extract(value, '$.delivered') THEN ?2 END
  FROM json_each(?1, '$.moves') WHERE true
  ON CONFLICT (job_id) DO UPDATE SET status = excluded.status,
-     reason = excluded.reason, created_at = excluded.created_at, delivered_at = NULL";
+     reason = excluded.reason, created_at = excluded.created_at,
+     delivered_at = excluded.delivered_at";
 
 /// Writes the group's settles, releases, final statuses and events ([`WRITE_SET`]). The event
-/// is one per job (unique `job_id`), replaced undelivered when a row is already there, as the
-/// single path does.
+/// is one per job (unique `job_id`), replaced when a row is already there, as the single path
+/// does; undelivered unless its request writes it delivered
+/// ([`FinishRequest::event_delivered`]).
 async fn write_set(
     tx: &mut SqliteConnection,
     settles: &Settles,
@@ -355,6 +360,7 @@ pub(super) async fn finish_set(
             status: m.status.as_str(),
             reason: m.reason,
             was: m.was.as_str(),
+            delivered: m.event_delivered,
         });
     }
     write_set(tx, &settles, &released, &moves, now).await?;
@@ -373,11 +379,12 @@ mod tests {
             status: JobStatus::Completed.as_str(),
             reason: None,
             was: JobStatus::Processing.as_str(),
+            delivered: false,
         };
         let text = json(&[t], "t").unwrap();
         assert_eq!(
             text,
-            r#"[{"id":7,"status":"completed","reason":null,"was":"processing"}]"#
+            r#"[{"id":7,"status":"completed","reason":null,"was":"processing","delivered":false}]"#
         );
     }
 }

@@ -30,6 +30,7 @@ fn req(job_id: i64, status: JobStatus) -> FinishRequest {
         lease: None,
         complete_run: false,
         superseded: None,
+        event_delivered: false,
     }
 }
 
@@ -449,4 +450,91 @@ pub async fn grouped_finish_completes_the_step_run_in_its_transaction(db: TestDb
         1,
         "{events:?}"
     );
+}
+
+/// A group finish writes a request's lifecycle event delivered when the request asks
+/// (`FinishRequest::event_delivered`: a runtime with no hook to run) and undelivered
+/// otherwise; both events are there.
+pub async fn grouped_finish_writes_an_event_delivered_when_asked(db: TestDb) {
+    let (_rt, _parent, kids) = fenced_batch(&db).await;
+    let reqs = [
+        FinishRequest {
+            event_delivered: true,
+            ..req(kids[0], JobStatus::Completed)
+        },
+        req(kids[1], JobStatus::Failed),
+    ];
+    let got = db
+        .store
+        .finish_jobs(&reqs, &registry(), db.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        GroupFinished::Committed(vec![BridgeOutcome::Finished; 2])
+    );
+    let undelivered: Vec<i64> = db
+        .store
+        .undelivered_events(100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.job_id)
+        .collect();
+    assert!(!undelivered.contains(&kids[0]), "{undelivered:?}");
+    assert!(undelivered.contains(&kids[1]), "{undelivered:?}");
+    let (a, b) = (kids[0], kids[1]);
+    let counts = db
+        .count_all(&[
+            &format!(
+                "SELECT COUNT(*) FROM dockhand_job_events WHERE job_id = {a}
+                 AND status = 'completed' AND delivered_at IS NOT NULL"
+            ),
+            &format!(
+                "SELECT COUNT(*) FROM dockhand_job_events WHERE job_id = {b}
+                 AND status = 'failed' AND delivered_at IS NULL"
+            ),
+        ])
+        .await;
+    assert_eq!(counts, vec![1, 1], "both events are recorded");
+}
+
+/// A runtime that registers no lifecycle hook writes its step runs' events delivered in
+/// their finishing transaction: nothing is left for the outbox sweep (maintenance never runs
+/// here), whether the children run on runners or in their chunk.
+pub async fn runtime_without_hooks_leaves_no_event_to_sweep(db: TestDb) {
+    for in_chunk in [false, true] {
+        let mut p = batch_pipeline(4, 10, ok_child);
+        if in_chunk {
+            p = p.children_in_chunk(4);
+        }
+        let rt = runtime(&db, db.store.clone(), p).await;
+        let parent = rt.jobs().start("batch", json!({})).await.unwrap();
+        for _ in 0..20 {
+            if rt.jobs().get(parent).await.unwrap().status.is_final() {
+                break;
+            }
+            rt.run_due_once().await.unwrap();
+        }
+        assert_eq!(
+            rt.jobs().get(parent).await.unwrap().status,
+            JobStatus::Completed
+        );
+        let counts = db
+            .count_all(&[
+                &format!(
+                    "SELECT COUNT(*) FROM dockhand_job_events e JOIN dockhand_jobs j
+                     ON j.id = e.job_id WHERE j.parent_id = {parent}"
+                ),
+                &format!(
+                    "SELECT COUNT(*) FROM dockhand_job_events e JOIN dockhand_jobs j
+                     ON j.id = e.job_id WHERE j.parent_id = {parent}
+                     AND e.delivered_at IS NULL"
+                ),
+            ])
+            .await;
+        assert_eq!(counts, vec![4, 0], "in chunk: {in_chunk}");
+        // The items were released to a fresh batch's split.
+        db.exec_sql("DELETE FROM dockhand_item_claims").await;
+    }
 }

@@ -260,3 +260,45 @@ pub async fn chunk_lanes_run_side_by_side_and_the_batch_completes(db: TestDb) {
     }
     assert_clean(&rt).await;
 }
+
+/// Children whose group has a limit are not run by their chunk: the chunk creates them pending
+/// with their step actions pending (a limited group's actions are claimed by runners, under
+/// the limit), and the runners then run them and the batch completes.
+pub async fn children_of_a_limited_group_are_left_to_the_runners(db: TestDb) {
+    let limit = dockhand::GroupLimit {
+        concurrency: Some(8),
+        rate: None,
+    };
+    assert!(db
+        .queue()
+        .set_group_limit(&dockhand::jobs::StepAction::group_for("batch"), limit)
+        .await
+        .unwrap());
+    let p = batch_pipeline(4, 10, ok_child).children_in_chunk(4);
+    let rt = runtime(&db, db.store.clone(), p).await;
+    let parent = rt.jobs().start("batch", json!({})).await.unwrap();
+    assert_eq!(rt.run_due_once().await.unwrap(), 1, "the split step");
+    assert_eq!(rt.run_due_once().await.unwrap(), 1, "the chunk");
+    let kids = children(&rt, parent).await;
+    assert_eq!(kids.len(), 4);
+    assert!(
+        kids.iter().all(|k| k.status == JobStatus::Pending),
+        "not started by the chunk: {:?}",
+        kids.iter().map(|k| k.status).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        step_statuses(&rt).await,
+        vec![(ActionStatus::Pending, 0); 4],
+        "left pending for the runners"
+    );
+    rt.drain(100).await.unwrap();
+    assert_eq!(
+        rt.jobs().get(parent).await.unwrap().status,
+        JobStatus::Completed
+    );
+    assert_eq!(
+        step_statuses(&rt).await,
+        vec![(ActionStatus::Complete, 1); 4]
+    );
+    assert_clean(&rt).await;
+}
