@@ -8,13 +8,17 @@ Plays the rows each design writes, set-based, one transaction per store call as 
 them, with Python's sqlite3 (WAL, synchronous = NORMAL), no dockhand code in the loop:
 - W2: N pending actions claimed and completed in rounds of 264 (claim + completion of the
   previous round in one transaction, as the runner's rounds do);
-- W4 as B2 builds it today: per chunk of 100 items, the worklist lease; the children's job rows,
-  claim hand-over, worklist completion and step actions (inserted, then leased); their
-  finishes (step actions completed, claims processed, jobs completed, events, parent counters);
-  the events marked delivered; the chunk action completed and the next one enqueued;
+- W4 as B2 builds it today: per chunk of 100 items, the worklist lease; the children's job rows
+  (inserted started), claim hand-over, worklist completion and step actions (inserted running
+  under the chunk's lease; session 24); their finishes (step actions completed, claims
+  processed, jobs completed, events written delivered, parent counters); the chunk action
+  completed and the next one enqueued;
 - W4 with a child that is its worklist row (the proposed B2/J4 change): per chunk, the lease;
   then the rows completed, the claims processed and the parent counters; the chunk actions.
-The claim step, worklist and packets (identical in both designs) are written before the timer.
+The claim step's claims, the packets and the worklist (identical in both designs; one
+transaction, set-based) are written before the timer in the first columns ("children only"), and
+inside it in the last ones ("from job start", as `dockhand bench` times W4: from `Jobs::start` to
+the parent final), with "seed alone" their own rate (session 24).
 """
 import os, shutil, sqlite3, sys, time
 
@@ -70,8 +74,8 @@ def w4_today(c):
         def create():
             for i in idx:
                 cur = c.execute("INSERT INTO dockhand_jobs (pipeline, status, step_index, input_refs,"
-                                " parent_id, child_index, created_at, updated_at) VALUES ('w4', 'pending',"
-                                " 1, ?, 1, ?, 1, 1)", (f'["v1:p{i:064}"]', i))
+                                " parent_id, child_index, created_at, updated_at) VALUES ('w4',"
+                                " 'processing', 1, ?, 1, ?, 1, 1)", (f'["v1:p{i:064}"]', i))
                 ids.append(cur.lastrowid)
             c.executemany("UPDATE dockhand_item_claims INDEXED BY dockhand_item_claims_token"
                           " SET job_id = ?, expires_at = 99999 WHERE token = ?"
@@ -81,12 +85,10 @@ def w4_today(c):
             for j in ids:
                 steps.append(c.execute(
                     "INSERT INTO dockhand_actions (hook, args, status, scheduled_at, created_at,"
-                    " unique_key, max_attempts) VALUES ('dockhand.job.step', ?, 'pending', 1, 1, ?, 3)",
+                    " unique_key, max_attempts, lease_owner, lease_token, lease_until, attempt,"
+                    " started_at, started_by, started_after) VALUES ('dockhand.job.step', ?,"
+                    " 'running', 1, 1, ?, 3, 'w', 1, 9, 1, 1, 'w', 0)",
                     ('{"job": %d, "step": 1}' % j, f"j:{j}:1")).lastrowid)
-            c.executemany("UPDATE dockhand_actions SET status = 'running', lease_owner = 'w',"
-                          " lease_token = lease_token + 1, lease_until = 9, attempt = attempt + 1"
-                          " WHERE id = ? AND status = 'pending'", [(a,) for a in steps])
-            c.executemany("UPDATE dockhand_jobs SET status = 'processing' WHERE id = ?", [(j,) for j in ids])
             c.execute("UPDATE dockhand_jobs SET children_total = children_total + ? WHERE id = 1", (CHUNK,))
         tx(c, create)
 
@@ -98,13 +100,11 @@ def w4_today(c):
                           " token = NULL WHERE job_id = ? AND status = 'claimed'", [(j,) for j in ids])
             c.executemany("UPDATE dockhand_jobs SET status = 'completed', finished_at = 2 WHERE id = ?"
                           " AND status = 'processing'", [(j,) for j in ids])
-            c.executemany("INSERT INTO dockhand_job_events (job_id, status, created_at) VALUES (?,"
-                          " 'completed', 2)", [(j,) for j in ids])
+            c.executemany("INSERT INTO dockhand_job_events (job_id, status, created_at, delivered_at)"
+                          " VALUES (?, 'completed', 2, 2)", [(j,) for j in ids])
             c.execute("UPDATE dockhand_jobs SET children_terminal = children_terminal + ?,"
                       " children_completed = children_completed + ? WHERE id = 1", (CHUNK, CHUNK))
         tx(c, finish)
-        tx(c, lambda: c.executemany("UPDATE dockhand_job_events SET delivered_at = 3 WHERE job_id = ?"
-                                    " AND delivered_at IS NULL", [(j,) for j in ids]))
         tx(c, lambda: chunk_action(c, k))
 
 
@@ -150,7 +150,7 @@ def w2(c):
     return N / (time.perf_counter() - start)
 
 
-def timed(src, f, seed):
+def timed(src, f, seed, seed_timed=False):
     path = src + ".floor"
     for ext in ("", "-wal", "-shm"):
         if os.path.exists(path + ext):
@@ -159,9 +159,12 @@ def timed(src, f, seed):
     c = connect(path)
     try:
         if seed:
-            seed_items(c)
             start = time.perf_counter()
-            f(c)
+            seed_items(c)
+            if not seed_timed:
+                start = time.perf_counter()
+            if f:
+                f(c)
             return N / (time.perf_counter() - start)
         return f(c)
     finally:
@@ -177,5 +180,10 @@ if __name__ == "__main__":
         a = timed(src, w2, False)
         b = timed(src, w4_today, True)
         d = timed(src, w4_worklist_child, True)
-        print(f"floor W2 {a:,.0f} jobs/s  W4 today {b:,.0f} items/s ({b / a:.3f})"
-              f"  W4 child-as-worklist-row {d:,.0f} items/s ({d / a:.3f})")
+        s = timed(src, None, True, True)
+        bt = timed(src, w4_today, True, True)
+        dt = timed(src, w4_worklist_child, True, True)
+        print(f"floor W2 {a:,.0f} jobs/s; children only: W4 today {b:,.0f} items/s ({b / a:.3f}),"
+              f" child-as-worklist-row {d:,.0f} ({d / a:.3f}); seed alone {s:,.0f} ({s / a:.3f});"
+              f" from job start: W4 today {bt:,.0f} ({bt / a:.3f}),"
+              f" child-as-worklist-row {dt:,.0f} ({dt / a:.3f})")
