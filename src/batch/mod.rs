@@ -254,27 +254,6 @@ pub(crate) fn started_by_run(
     run_by.is_some() && !c.step.group.as_ref().is_some_and(|g| held.contains(g))
 }
 
-/// The children a backend's `create_children` has leased the step actions of (`leased`, by
-/// unique key), among the created ones (`create`'s spec positions, `ids` the child id by row
-/// index): the ones it starts in the same transaction ([`ChildOutcome::Leased`]).
-pub(crate) fn leased_children<T>(
-    specs: &[ChildSpec],
-    create: &[(usize, T)],
-    ids: &std::collections::HashMap<i32, i64>,
-    leased: &std::collections::HashMap<String, crate::store::Lease>,
-) -> Vec<i64> {
-    create
-        .iter()
-        .filter_map(|(at, _)| {
-            let c = &specs[*at];
-            let child = *ids.get(&c.idx)?;
-            leased
-                .contains_key(&crate::jobs::step_action_key(child, c.step_index))
-                .then_some(child)
-        })
-        .collect()
-}
-
 /// The tail of a backend's `create_children` once it has leased the new step actions
 /// (`leased`, by unique key) and started their children: each created child whose step action
 /// was leased becomes [`ChildOutcome::Leased`]. True when one of `actions` is due at `now` and

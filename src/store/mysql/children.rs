@@ -6,7 +6,9 @@
 //! (`INSERT … SELECT` joining the specs to their worklist rows; ids read back by child index,
 //! MySQL 8 has no `RETURNING`), the claim hand-over (an `UPDATE … JOIN` by the primary keys of
 //! the claims locked by token), the rows marked completed, the step actions (one multi-row
-//! insert; a fresh child's unique key is free), their leases and starts, and last the parent's
+//! insert; a fresh child's unique key is free; the children the chunk run runs itself
+//! inserted started with their step actions running under its lease, unless their group is
+//! paused or limited, and those actions' `started` log rows), and last the parent's
 //! `children_total`, which is when the parent's row lock is taken ([`ParentLock`]). Any error
 //! rolls the whole chunk back; the caller then goes row by row. A deadlock re-runs the
 //! transaction.
@@ -15,7 +17,6 @@ use super::batch::{discard_row, push_token_in, refusal};
 use super::claim::push_in;
 use super::connect::retry_deadlocks;
 use super::fence::{job_status, read_parent, TOKENS_PER_STATEMENT};
-use super::grouped::start_pending;
 use super::jobs::text;
 use super::lease_fence::run_fence;
 use super::{ms, MySqlStore};
@@ -320,12 +321,21 @@ async fn insert_children(
     now: DateTime<Utc>,
 ) -> Result<bool> {
     let op = "create_children";
+    // A child whose step action the chunk run leases is inserted started and its step action
+    // running (what a claim and `start_steps` would write, in this transaction); the rest
+    // pending, for the runners.
+    let run_by = crate::batch::run_by_of(specs, create);
+    let held = match run_by {
+        Some(_) => held_groups(&mut *conn).await?,
+        None => HashSet::new(),
+    };
+    let leases = |c: &ChildSpec| crate::batch::started_by_run(c, run_by, &held);
     for part in create.chunks(ROWS_PER_STATEMENT) {
         let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
             "INSERT INTO dockhand_jobs
                 (pipeline, status, step_index, input_refs, engine_data, engine_version,
                  parent_id, child_index, created_at, updated_at, item_ref, sidecar)
-             SELECT u.p, 'pending', u.s, u.r, '{}', 0, w.parent_id, w.idx, ",
+             SELECT u.p, u.st, u.s, u.r, '{}', 0, w.parent_id, w.idx, ",
         );
         qb.push_bind(ms(now))
             .push(", ")
@@ -346,6 +356,8 @@ async fn insert_children(
             .push(" AS s, ")
             .push_bind(&refs[at])
             .push(" AS r, ")
+            .push_bind(if leases(c) { "processing" } else { "pending" })
+            .push(" AS st, ")
             .push_bind(n as i64)
             .push(" AS n");
         }
@@ -417,114 +429,123 @@ async fn insert_children(
         .iter()
         .map(|(at, _)| {
             let c = &specs[*at];
-            c.step.action(ids[&c.idx], c.step_index, now)
+            (c.step.action(ids[&c.idx], c.step_index, now), leases(c))
         })
         .collect();
+    let owner = run_by.map(|b| b.owner.as_str());
+    let until = run_by.map(|b| ms(b.lease_until));
     for part in actions.chunks(ROWS_PER_STATEMENT) {
         let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
             "INSERT INTO dockhand_actions
                 (hook, args, group_name, priority, status, scheduled_at, max_attempts,
-                 timeout_ms, unique_key, active_key, created_at) ",
+                 timeout_ms, unique_key, active_key, created_at, lease_owner, lease_token,
+                 lease_until, attempt, started_at) ",
         );
-        qb.push_values(part, |mut b, a| {
+        qb.push_values(part, |mut b, (a, run)| {
+            // A leased one as a claim leaves it: running, token 1, attempt 1 (its `started`
+            // log row below).
+            let run = *run;
             b.push_bind(&a.hook)
                 .push_bind(&a.args_json)
                 .push_bind(&a.group)
                 .push_bind(a.priority)
-                .push("'pending'")
+                .push_bind(if run { "running" } else { "pending" })
                 .push_bind(ms(a.scheduled_at))
                 .push_bind(a.max_attempts)
                 .push_bind(a.timeout_ms)
                 .push_bind(&a.unique_key)
                 .push_bind(a.unique_key.as_deref().map(str::as_bytes))
-                .push_bind(ms(now));
+                .push_bind(ms(now))
+                .push_bind(owner.filter(|_| run))
+                .push_bind(i64::from(run))
+                .push_bind(until.filter(|_| run))
+                .push_bind(i64::from(run))
+                .push_bind(run.then_some(ms(now)));
         });
         qb.build()
             .execute(&mut *conn)
             .await
             .map_err(Error::db("create_children (step actions)"))?;
     }
-    let run_by = crate::batch::run_by_of(specs, create);
+    let running: Vec<&str> = actions
+        .iter()
+        .filter(|(_, run)| *run)
+        .filter_map(|(a, _)| a.unique_key.as_deref())
+        .collect();
     let leased = match run_by {
-        Some(by) => lease_steps(&mut *conn, &actions, by, now).await?,
-        None => HashMap::new(),
+        Some(by) if !running.is_empty() => log_started(&mut *conn, &running, by, now).await?,
+        _ => HashMap::new(),
     };
-    let started = crate::batch::leased_children(specs, create, &ids, &leased);
-    // The leased children start here (see `ChildOutcome::Leased`).
-    start_pending(&mut *conn, &started, now, "create_children (start)").await?;
+    if leased.len() != running.len() {
+        return Err(Error::Config(format!(
+            "job {parent}: {} of {} started children's step actions found",
+            leased.len(),
+            running.len()
+        )));
+    }
+    let actions: Vec<_> = actions.into_iter().map(|(a, _)| a).collect();
     Ok(crate::batch::apply_leases(
         specs, create, &ids, &leased, outcomes, &actions, now,
     ))
 }
 
-/// Leases the just-inserted step actions to `by` as a claim would (running, token + 1,
-/// attempt + 1, a `started` log row), except those in a paused or limited group, which stay
-/// pending for the runners; the leases by unique key. The rows were inserted by this
-/// transaction, which holds them already: the read takes no locks (a locking read also
-/// locked what it read of the pause and limit tables, and concurrent chunks waited on each
-/// other there, ~50 ms per chunk on MariaDB).
-async fn lease_steps(
+/// The groups whose actions a chunk run may not lease (paused or limited: they stay pending
+/// for the runners, as a claim would leave them). A plain read: it takes no locks (a locking
+/// read also locked what it read of the pause and limit tables, and concurrent chunks waited
+/// on each other there, ~50 ms per chunk on MariaDB).
+async fn held_groups(conn: &mut MySqlConnection) -> Result<HashSet<String>> {
+    let op = "create_children (held groups)";
+    sqlx::query(
+        "SELECT group_name FROM dockhand_group_pauses
+         UNION SELECT group_name FROM dockhand_group_limits",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(Error::db(op))?
+    .iter()
+    .map(|r| text(r, "group_name"))
+    .collect()
+}
+
+/// The step actions this transaction inserted running under `by`'s lease (by unique key,
+/// `keys`): their ids read back by active key, and their `started` log rows written as a
+/// claim writes them; the leases by unique key.
+async fn log_started(
     conn: &mut MySqlConnection,
-    actions: &[crate::action::PreparedAction],
+    keys: &[&str],
     by: &RunBy,
     now: DateTime<Utc>,
 ) -> Result<HashMap<String, Lease>> {
-    let op = "create_children (lease step actions)";
-    let keys: Vec<&str> = actions
-        .iter()
-        .filter_map(|a| a.unique_key.as_deref())
-        .collect();
-    let mut picked: Vec<(i64, String, i64)> = Vec::with_capacity(keys.len());
+    let op = "create_children (started step actions)";
+    let mut leased = HashMap::with_capacity(keys.len());
     for part in keys.chunks(ROWS_PER_STATEMENT) {
         let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
             "SELECT id, unique_key, lease_token FROM dockhand_actions
-             WHERE status = 'pending' AND active_key IN (",
+             WHERE status = 'running' AND active_key IN (",
         );
         let mut sep = qb.separated(", ");
         for k in part {
             sep.push_bind(k.as_bytes().to_vec());
         }
-        qb.push(
-            ") AND (group_name IS NULL OR group_name NOT IN (
-                   SELECT group_name FROM dockhand_group_pauses
-                   UNION ALL SELECT group_name FROM dockhand_group_limits))",
-        );
+        qb.push(") AND lease_owner = ").push_bind(&by.owner);
+        let mut ids = Vec::with_capacity(part.len());
         for r in qb
             .build()
             .fetch_all(&mut *conn)
             .await
             .map_err(Error::db(op))?
         {
-            picked.push((
-                r.try_get("id").map_err(Error::db(op))?,
-                text(&r, "unique_key")?,
-                r.try_get("lease_token").map_err(Error::db(op))?,
-            ));
+            let id: i64 = r.try_get("id").map_err(Error::db(op))?;
+            let token: i64 = r.try_get("lease_token").map_err(Error::db(op))?;
+            leased.insert(text(&r, "unique_key")?, Lease { id, token });
+            ids.push(id);
         }
-    }
-    if picked.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let ids: Vec<i64> = picked.iter().map(|p| p.0).collect();
-    for part in ids.chunks(ROWS_PER_STATEMENT) {
-        let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
-            "UPDATE dockhand_actions SET status = 'running', lease_token = lease_token + 1,
-             attempt = attempt + 1, lease_owner = ",
-        );
-        qb.push_bind(&by.owner)
-            .push(", lease_until = ")
-            .push_bind(ms(by.lease_until))
-            .push(", started_at = ")
-            .push_bind(ms(now))
-            .push(" WHERE status = 'pending' AND id");
-        push_in(&mut qb, part);
-        qb.build()
-            .execute(&mut *conn)
-            .await
-            .map_err(Error::db(op))?;
+        if ids.is_empty() {
+            continue;
+        }
         let mut qb: QueryBuilder<MySql> =
             QueryBuilder::new("INSERT INTO dockhand_action_logs (action_id, at, event, detail) ");
-        qb.push_values(part, |mut b, id| {
+        qb.push_values(&ids, |mut b, id| {
             b.push_bind(*id)
                 .push_bind(ms(now))
                 .push("'started'")
@@ -535,16 +556,5 @@ async fn lease_steps(
             .await
             .map_err(Error::db(op))?;
     }
-    Ok(picked
-        .into_iter()
-        .map(|(id, key, token)| {
-            (
-                key,
-                Lease {
-                    id,
-                    token: token + 1,
-                },
-            )
-        })
-        .collect())
+    Ok(leased)
 }
