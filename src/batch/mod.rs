@@ -216,9 +216,9 @@ pub struct ChildSpec {
     pub claim_ttl: chrono::Duration,
     /// The child's step-action template.
     pub step: StepAction,
-    /// When set, [`crate::Store::create_children`] leases the new child's step action to this
-    /// run in the same transaction, as a claim would (running, token + 1, attempt + 1, a
-    /// `started` log entry), starts the child (`processing`), and reports
+    /// When set, [`crate::Store::create_children`] inserts the new child started
+    /// (`processing`) and its step action leased to this run, as a claim leaves one (running,
+    /// token 1, attempt 1, its `started` log entry), in the same transaction, and reports
     /// [`ChildOutcome::Leased`]: the chunk run that created the child runs its step itself
     /// ([`crate::Pipeline::children_in_chunk`]). A step action in a paused or limited group is
     /// left pending for the runners (`Created`). The one-row path
@@ -292,8 +292,8 @@ pub enum ChildOutcome {
     /// A new child.
     Created(i64),
     /// A new child whose step action was leased to the creating run ([`ChildSpec::run_by`]),
-    /// and which the same transaction started (`pending` → `processing`, updated at the
-    /// creation time): the step boundary [`crate::Store::start_steps`] would decide for a fresh
+    /// and which the same transaction inserted started (`processing`, as `pending` →
+    /// `processing` at the creation time would leave it): the step boundary [`crate::Store::start_steps`] would decide for a fresh
     /// child at its first step, decided under the parent's lock that also refused to create
     /// children of a stopped batch, so the creating run runs the step without a start call.
     Leased {

@@ -19,7 +19,7 @@
 //! (~19 ms per chunk, session 14's W4 profile).
 
 use super::batch::{discard_row, refusal};
-use super::enqueue::enqueue_fresh;
+use super::enqueue::{bind_unnested, enqueue_fresh, unnested_actions_sql};
 use super::lease_fence::run_fence;
 use super::{ts, PgStore};
 use crate::batch::{ChildOutcome, ChildSpec, DiscardCause, RunBy};
@@ -412,49 +412,21 @@ async fn insert_running(
     by: &RunBy,
     now: DateTime<Utc>,
 ) -> Result<HashMap<String, Lease>> {
-    let rows: Vec<(i64, String, i64)> = sqlx::query_as(
-        "INSERT INTO dockhand_actions
-            (hook, args, group_name, priority, status, scheduled_at, max_attempts, timeout_ms,
-             unique_key, created_at, lease_owner, lease_token, lease_until, attempt,
-             started_at, started_by, started_after)
-         SELECT t.hook, t.args::jsonb, t.group_name, t.priority, 'running', t.scheduled_at,
-                t.max_attempts, t.timeout_ms, t.unique_key, $9, $10, 1, $11, 1, $9, $10, 0
-         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[],
-                     $6::int4[], $7::int8[], $8::text[])
-              AS t(hook, args, group_name, priority, scheduled_at, max_attempts, timeout_ms,
-                   unique_key)
-         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
-             AND status IN ('pending', 'running')
-         DO NOTHING
-         RETURNING id, unique_key, lease_token",
-    )
-    .bind(actions.iter().map(|a| a.hook.as_str()).collect::<Vec<_>>())
-    .bind(
-        actions
-            .iter()
-            .map(|a| a.args_json.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        actions
-            .iter()
-            .map(|a| a.group.as_deref())
-            .collect::<Vec<_>>(),
-    )
-    .bind(actions.iter().map(|a| a.priority).collect::<Vec<_>>())
-    .bind(
-        actions
-            .iter()
-            .map(|a| ts(a.scheduled_at))
-            .collect::<Vec<_>>(),
-    )
-    .bind(actions.iter().map(|a| a.max_attempts).collect::<Vec<_>>())
-    .bind(actions.iter().map(|a| a.timeout_ms).collect::<Vec<_>>())
-    .bind(
-        actions
-            .iter()
-            .map(|a| a.unique_key.as_deref())
-            .collect::<Vec<_>>(),
+    let rows: Vec<(i64, String, i64)> = bind_unnested(
+        sqlx::query_as(concat!(
+            "INSERT INTO dockhand_actions
+                (hook, args, group_name, priority, status, scheduled_at, max_attempts,
+                 timeout_ms, unique_key, created_at, lease_owner, lease_token, lease_until,
+                 attempt, started_at, started_by, started_after)
+             SELECT t.hook, t.args::jsonb, t.group_name, t.priority, 'running', t.scheduled_at,
+                    t.max_attempts, t.timeout_ms, t.unique_key, $9, $10, 1, $11, 1, $9, $10, 0 ",
+            unnested_actions_sql!(),
+            " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
+                 AND status IN ('pending', 'running')
+             DO NOTHING
+             RETURNING id, unique_key, lease_token"
+        )),
+        actions,
     )
     .bind(ts(now))
     .bind(&by.owner)

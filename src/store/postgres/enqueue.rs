@@ -217,6 +217,39 @@ pub(super) async fn batch_group(conn: &mut PgConnection, parent: i64) -> Result<
     Ok(crate::batch::action_group(pipeline.as_deref()))
 }
 
+/// `FROM UNNEST` of actions' columns as [`bind_unnested`] binds them (`$1`-`$8`: hook, args,
+/// group, priority, scheduled_at, max_attempts, timeout_ms, unique_key), as the table `t`.
+macro_rules! unnested_actions_sql {
+    () => {
+        "FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[],
+                     $6::int4[], $7::int8[], $8::text[])
+              AS t(hook, args, group_name, priority, scheduled_at, max_attempts, timeout_ms,
+                   unique_key)"
+    };
+}
+pub(super) use unnested_actions_sql;
+
+/// Binds `actions`' columns as `$1`-`$8` of [`unnested_actions_sql`].
+pub(super) fn bind_unnested<'q, O>(
+    q: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    actions: &'q [PreparedAction],
+) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+    let column = |f: fn(&PreparedAction) -> Option<&str>| actions.iter().map(f).collect::<Vec<_>>();
+    q.bind(column(|a| Some(a.hook.as_str())))
+        .bind(column(|a| Some(a.args_json.as_str())))
+        .bind(column(|a| a.group.as_deref()))
+        .bind(actions.iter().map(|a| a.priority).collect::<Vec<_>>())
+        .bind(
+            actions
+                .iter()
+                .map(|a| ts(a.scheduled_at))
+                .collect::<Vec<_>>(),
+        )
+        .bind(actions.iter().map(|a| a.max_attempts).collect::<Vec<_>>())
+        .bind(actions.iter().map(|a| a.timeout_ms).collect::<Vec<_>>())
+        .bind(column(|a| a.unique_key.as_deref()))
+}
+
 /// Inserts actions whose unique keys no active action can hold (a fresh child's step actions)
 /// on an open transaction, one statement per [`BULK_CHUNK`], and, when one is due, the
 /// `pg_notify`. A key held after all (a leftover) is skipped, as
@@ -230,36 +263,20 @@ pub(super) async fn enqueue_fresh(
     let op = "enqueue (fresh)";
     let mut inserted = 0;
     for part in actions.chunks(BULK_CHUNK) {
-        let ids: Vec<i64> = sqlx::query_scalar(
-            "INSERT INTO dockhand_actions
-                (hook, args, group_name, priority, status, scheduled_at, max_attempts,
-                 timeout_ms, unique_key, created_at)
-             SELECT t.hook, t.args::jsonb, t.group_name, t.priority, 'pending', t.scheduled_at,
-                    t.max_attempts, t.timeout_ms, t.unique_key, $9
-             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[],
-                         $6::int4[], $7::int8[], $8::text[])
-                  AS t(hook, args, group_name, priority, scheduled_at, max_attempts, timeout_ms,
-                       unique_key)
-             ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
-                 AND status IN ('pending', 'running')
-             DO NOTHING
-             RETURNING id",
-        )
-        .bind(part.iter().map(|a| a.hook.as_str()).collect::<Vec<_>>())
-        .bind(
-            part.iter()
-                .map(|a| a.args_json.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(part.iter().map(|a| a.group.as_deref()).collect::<Vec<_>>())
-        .bind(part.iter().map(|a| a.priority).collect::<Vec<_>>())
-        .bind(part.iter().map(|a| ts(a.scheduled_at)).collect::<Vec<_>>())
-        .bind(part.iter().map(|a| a.max_attempts).collect::<Vec<_>>())
-        .bind(part.iter().map(|a| a.timeout_ms).collect::<Vec<_>>())
-        .bind(
-            part.iter()
-                .map(|a| a.unique_key.as_deref())
-                .collect::<Vec<_>>(),
+        let ids: Vec<(i64,)> = bind_unnested(
+            sqlx::query_as(concat!(
+                "INSERT INTO dockhand_actions
+                    (hook, args, group_name, priority, status, scheduled_at, max_attempts,
+                     timeout_ms, unique_key, created_at)
+                 SELECT t.hook, t.args::jsonb, t.group_name, t.priority, 'pending',
+                        t.scheduled_at, t.max_attempts, t.timeout_ms, t.unique_key, $9 ",
+                unnested_actions_sql!(),
+                " ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
+                     AND status IN ('pending', 'running')
+                 DO NOTHING
+                 RETURNING id"
+            )),
+            part,
         )
         .bind(ts(now))
         .fetch_all(&mut *conn)
