@@ -34,6 +34,14 @@ fn req(job_id: i64, status: JobStatus) -> FinishRequest {
     }
 }
 
+/// `reqs` through `Store::finish_jobs` with the test registry, at the test clock's now.
+async fn finish_group(db: &TestDb, reqs: &[FinishRequest]) -> GroupFinished {
+    db.store
+        .finish_jobs(reqs, &registry(), db.clock.now())
+        .await
+        .unwrap()
+}
+
 /// A fenced batch parent (4 items, one chunk) whose 4 children are created and pending.
 async fn fenced_batch(db: &TestDb) -> (dockhand::Runtime, i64, Vec<i64>) {
     let rt = runtime(db, db.store.clone(), batch_pipeline(4, 10, ok_child)).await;
@@ -65,11 +73,7 @@ pub async fn grouped_finish_counts_children_and_enqueues_finalize_once(db: TestD
         req(kids[3], JobStatus::Failed),
         req(kids[1], JobStatus::Completed),
     ];
-    let got = db
-        .store
-        .finish_jobs(&reqs, &registry(), db.clock.now())
-        .await
-        .unwrap();
+    let got = finish_group(&db, &reqs).await;
     assert_eq!(
         got,
         GroupFinished::Committed(vec![BridgeOutcome::Finished; 4])
@@ -260,11 +264,7 @@ pub async fn grouped_finish_with_a_lost_lease_leaves_that_job(db: TestDb) {
             ..req(b, JobStatus::Completed)
         },
     ];
-    let got = db
-        .store
-        .finish_jobs(&reqs, &registry(), db.clock.now())
-        .await
-        .unwrap();
+    let got = finish_group(&db, &reqs).await;
     assert_eq!(
         got,
         GroupFinished::Committed(vec![
@@ -464,11 +464,7 @@ pub async fn grouped_finish_writes_an_event_delivered_when_asked(db: TestDb) {
         },
         req(kids[1], JobStatus::Failed),
     ];
-    let got = db
-        .store
-        .finish_jobs(&reqs, &registry(), db.clock.now())
-        .await
-        .unwrap();
+    let got = finish_group(&db, &reqs).await;
     assert_eq!(
         got,
         GroupFinished::Committed(vec![BridgeOutcome::Finished; 2])
