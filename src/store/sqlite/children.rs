@@ -6,10 +6,11 @@
 //! (from their worklist rows), the claim hand-over, the rows marked completed, the parent's
 //! `children_total` and the step actions. Children the chunk run runs itself
 //! ([`ChildSpec::run_by`]) are inserted started (`processing`) with their step actions
-//! `running` under its lease, unless their group is paused or limited. Any error rolls the whole chunk back; the caller then
-//! goes row by row. The statements are driven by the chunk's rows (a `CROSS JOIN` keeps
-//! `json_each` outside), never by the parent's whole worklist. Claims are found by token (`INDEXED BY`, migration 0015), not among the
-//! parent's claims, which may be every item of the batch.
+//! `running` under its lease, unless their group is paused or limited. Any error rolls the
+//! whole chunk back; the caller then goes row by row. The statements are driven by the chunk's
+//! rows (a `CROSS JOIN` keeps `json_each` outside), never by the parent's whole worklist.
+//! Claims are found by token (`INDEXED BY`, migration 0015), not among the parent's claims,
+//! which may be every item of the batch.
 
 use super::batch::{discard_row, refusal};
 use super::lease_fence::run_fence;
