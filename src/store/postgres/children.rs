@@ -349,16 +349,15 @@ async fn insert_children(
     .execute(&mut *conn)
     .await
     .map_err(Error::db("create_children (worklist)"))?;
-    let (mut actions, mut pending, mut running) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut pending, mut running) = (Vec::new(), Vec::new());
     for (at, _) in create {
         let c = &specs[*at];
         let a = c.step.action(ids[&c.idx], c.step_index, now);
         if leases(c) {
-            running.push(a.clone());
+            running.push(a);
         } else {
-            pending.push(a.clone());
+            pending.push(a);
         }
-        actions.push(a);
     }
     if !pending.is_empty() {
         enqueue_fresh(&mut *conn, &pending, now, Some(channel)).await?;
@@ -383,8 +382,9 @@ async fn insert_children(
         .execute(&mut *conn)
         .await
         .map_err(Error::db("create_children (parent)"))?;
+    // Every running one is leased (checked above): only a pending one can need a wake-up.
     Ok(crate::batch::apply_leases(
-        specs, create, &ids, &leased, outcomes, &actions, now,
+        specs, create, &ids, &leased, outcomes, &pending, now,
     ))
 }
 
