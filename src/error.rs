@@ -26,6 +26,21 @@ pub enum Error {
         /// The action that named it.
         action_id: i64,
     },
+    /// An operator asked to cancel or delete an action its job owns (a step, finish, chunk or
+    /// finalize action: `store::operator::JOB_OWNED_HOOKS`); that would leave the job with
+    /// nothing to move it. The job's own commands stop it through the bridge.
+    #[error(
+        "action {action_id} (`{hook}`) belongs to job {job_id}: canceling or deleting it would \
+         strand the job; cancel the job instead (`dockhand cancel-job {job_id}`, `Jobs::cancel`)"
+    )]
+    OwnedByJob {
+        /// The action.
+        action_id: i64,
+        /// Its hook.
+        hook: String,
+        /// The job that owns it (for a chunk or finalize action, the batch parent).
+        job_id: i64,
+    },
     /// A record that the caller named does not exist.
     #[error("{what} {id} not found")]
     NotFound {

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::limits::{GroupLimit, GroupLimitInfo};
 use crate::schedule::{Schedule, ScheduleSpec};
 use crate::state::ActionStatus;
+use crate::store::operator::owning_job;
 use crate::store::{DynStore, Enqueued, QueueStats};
 use crate::telemetry;
 use chrono::{DateTime, Utc};
@@ -118,7 +119,8 @@ impl Queue {
     }
 
     /// Cancels the next pending action matching the filter (`as_unschedule_action`).
-    /// Returns its id, or `None` when nothing matched.
+    /// Returns its id, or `None` when nothing matched or the next one is owned by a job
+    /// (see [`Queue::cancel`]; those are never canceled here).
     pub async fn unschedule_one(&self, filter: &ActionFilter) -> Result<Option<i64>> {
         let next = self
             .query(&ActionQuery {
@@ -136,6 +138,7 @@ impl Queue {
 
     /// Cancels every pending action matching the filter and disables matching schedules
     /// (`as_unschedule_all_actions`); running actions finish. Returns the number canceled.
+    /// Actions a job owns (see [`Queue::cancel`]) are never canceled here.
     pub async fn unschedule_all(&self, filter: &ActionFilter) -> Result<u64> {
         self.store.unschedule(filter, self.clock.now()).await
     }
@@ -175,8 +178,21 @@ impl Queue {
         self.store.logs(id).await
     }
 
-    /// Cancels a pending or running action; false if it was already final.
+    /// Cancels a pending or running action; false if it was already final. A pending or
+    /// running action a job owns (its step, finish, chunk or finalize action) is refused with
+    /// [`Error::OwnedByJob`] naming the job: cancel the job instead ([`crate::Jobs::cancel`]).
+    /// The store refuses it too, so a surface that skips this check changes nothing.
     pub async fn cancel(&self, id: i64) -> Result<bool> {
+        if let Some(a) = self.store.get(id).await? {
+            let active = matches!(a.status, ActionStatus::Pending | ActionStatus::Running);
+            if let Some(job_id) = owning_job(&a.hook, &a.args).filter(|_| active) {
+                return Err(Error::OwnedByJob {
+                    action_id: id,
+                    hook: a.hook,
+                    job_id,
+                });
+            }
+        }
         self.store.cancel(id, self.clock.now()).await
     }
 

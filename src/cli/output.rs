@@ -27,7 +27,7 @@ pub const EXIT_USAGE: u8 = 2;
 
 impl CliError {
     /// A stable machine-readable name of what went wrong, for `--json` errors: `invalid_input`,
-    /// `not_found`, `connect`, `database`, `config`, `migrate`, `corrupt`, `unknown_hook`,
+    /// `not_found`, `owned_by_job`, `connect`, `database`, `config`, `migrate`, `corrupt`, `unknown_hook`,
     /// `lease_lost`, `io`, `failed`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -35,6 +35,7 @@ impl CliError {
                 Error::InvalidInput { .. } => "invalid_input",
                 Error::UnknownHook { .. } => "unknown_hook",
                 Error::NotFound { .. } => "not_found",
+                Error::OwnedByJob { .. } => "owned_by_job",
                 Error::Database { .. } => "database",
                 Error::Migrate(_) => "migrate",
                 Error::Config(_) => "config",

@@ -134,14 +134,16 @@ pub trait Store: Send + Sync + 'static {
         Ok(FinishAndClaim { finished, claimed })
     }
 
-    /// Cancels a pending or running action; false if it was neither.
+    /// Cancels a pending or running action; false if it was neither, or if a job owns it
+    /// ([`operator::JOB_OWNED_HOOKS`]: canceling it would strand the job).
     async fn cancel(&self, id: i64, now: DateTime<Utc>) -> Result<bool>;
 
     /// Puts a failed or canceled action back to pending with its attempts reset.
     async fn retry(&self, id: i64, now: DateTime<Utc>) -> Result<bool>;
 
     /// Cancels pending actions matching the filter (running ones finish) and disables matching
-    /// schedules, so a recurring series stops; returns the number of actions canceled.
+    /// schedules, so a recurring series stops; returns the number of actions canceled. Actions
+    /// a job owns ([`operator::JOB_OWNED_HOOKS`]) are left pending.
     async fn unschedule(&self, filter: &ActionFilter, now: DateTime<Utc>) -> Result<u64>;
 
     /// The earliest time a matching pending action or enabled schedule will run.
@@ -731,7 +733,8 @@ pub trait Store: Send + Sync + 'static {
     async fn schema_version(&self) -> Result<i64>;
 
     /// Cancels the pending or running actions among `ids` (at most
-    /// [`crate::search::MAX_PAGE`]) in one transaction, logging `canceled` with `actor`.
+    /// [`crate::search::MAX_PAGE`]) in one transaction, logging `canceled` with `actor`;
+    /// actions a job owns ([`operator::JOB_OWNED_HOOKS`]) are skipped.
     async fn cancel_many(
         &self,
         ids: &[i64],
@@ -750,7 +753,8 @@ pub trait Store: Send + Sync + 'static {
     async fn run_now(&self, ids: &[i64], actor: &str, now: DateTime<Utc>) -> Result<BulkOutcome>;
 
     /// Deletes the actions among `ids` that are not running, with their logs (one
-    /// transaction); running ones are skipped (cancel them first).
+    /// transaction); running ones are skipped (cancel them first), and so are pending ones a
+    /// job owns ([`operator::JOB_OWNED_HOOKS`]).
     async fn delete_actions(&self, ids: &[i64]) -> Result<BulkOutcome>;
 
     /// Per action group (and the actions without one, `None`, first): capped pending, due and

@@ -10,6 +10,42 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
 
+/// The hooks of the actions a job owns: its step actions, its finish action, and a batch
+/// parent's chunk and finalize actions. Each is its job's scheduler path (R2), so an
+/// operator's cancel, unschedule or delete of an active one would leave the job `processing`
+/// with nothing to move it; every backend's operator writes skip them
+/// (`job_owned_hooks!`; [`Error::OwnedByJob`] from [`crate::Queue::cancel`]). The job's own
+/// commands (`cancel-job`, `Jobs::cancel`) stop it through the bridge instead.
+pub const JOB_OWNED_HOOKS: [&str; 4] = [
+    crate::jobs::STEP_HOOK,
+    crate::jobs::FINISH_HOOK,
+    crate::batch::CHUNK_HOOK,
+    crate::batch::FINALIZE_HOOK,
+];
+
+/// The job that owns an action of hook `hook` and args `args`: `job` of a step or finish
+/// action, `parent` of a chunk or finalize action; `None` for any other hook (or args without
+/// the id).
+pub fn owning_job(hook: &str, args: &Value) -> Option<i64> {
+    let field = match hook {
+        crate::jobs::STEP_HOOK | crate::jobs::FINISH_HOOK => "job",
+        crate::batch::CHUNK_HOOK | crate::batch::FINALIZE_HOOK => "parent",
+        _ => return None,
+    };
+    args.get(field)?.as_i64()
+}
+
+/// [`JOB_OWNED_HOOKS`] as an SQL list, `('…', …)`, for `hook NOT IN …` in the backends'
+/// operator writes (a literal, so a statement stays one `concat!`; a unit test checks it
+/// against the constants).
+macro_rules! job_owned_hooks {
+    () => {
+        "('dockhand.job.step', 'dockhand.job.finish', 'dockhand.batch.chunk', \
+         'dockhand.batch.finalize')"
+    };
+}
+pub(crate) use job_owned_hooks;
+
 /// The most buckets one throughput query returns.
 pub const MAX_BUCKETS: i64 = 10_000;
 
@@ -227,6 +263,42 @@ mod tests {
         let e = check_compiled_candidate(&wide).unwrap_err().to_string();
         assert!(e.contains("more than"), "{e}");
         assert!(check_compiled_candidate(&json!({"a": [1, {"b": null}], "c d": "x"})).is_ok());
+    }
+
+    #[test]
+    fn owning_job_reads_the_job_or_parent_of_job_owned_hooks_only() {
+        use serde_json::json;
+        assert_eq!(
+            owning_job(crate::jobs::STEP_HOOK, &json!({"job": 7, "step": 1})),
+            Some(7)
+        );
+        assert_eq!(
+            owning_job(crate::jobs::FINISH_HOOK, &json!({"job": 8})),
+            Some(8)
+        );
+        assert_eq!(
+            owning_job(crate::batch::CHUNK_HOOK, &json!({"parent": 9})),
+            Some(9)
+        );
+        assert_eq!(
+            owning_job(crate::batch::FINALIZE_HOOK, &json!({"parent": 3})),
+            Some(3)
+        );
+        assert_eq!(owning_job("send.mail", &json!({"job": 7})), None);
+        assert_eq!(
+            owning_job(crate::jobs::STEP_HOOK, &json!({"job": "x"})),
+            None
+        );
+    }
+
+    #[test]
+    fn the_sql_list_of_job_owned_hooks_names_every_one() {
+        let listed: Vec<&str> = job_owned_hooks!()
+            .trim_matches(|c| c == '(' || c == ')')
+            .split(',')
+            .map(|h| h.trim().trim_matches('\''))
+            .collect();
+        assert_eq!(listed, JOB_OWNED_HOOKS);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use dockhand::runtime::RuntimeBuilder;
 use dockhand::store::mysql::MySqlStore;
 use dockhand::store::postgres::PgStore;
 use dockhand::store::sqlite::SqliteStore;
-use dockhand::{Backoff, DynStore, Runtime, TestClock};
+use dockhand::{Backoff, Clock, DynStore, Runtime, TestClock};
 use std::io::Write;
 use std::sync::{Arc, Once};
 use std::time::Duration;
@@ -39,10 +39,45 @@ pub struct TestDb {
 /// A test's pool for raw SQL. Like every pool here, without sqlx's reaper task (no idle
 /// timeout, no lifetime): it can spin for good (sqlx#3645, see `dockhand::store`'s pool notes).
 #[derive(Clone)]
-enum RawPool {
+pub enum RawPool {
     Sqlite(sqlx::SqlitePool),
     Postgres(sqlx::PgPool),
     Mysql(sqlx::MySqlPool),
+}
+
+impl RawPool {
+    /// Cancels action `id` (pending or running) behind the store's back, as an operator's
+    /// cancel of a job's step, chunk or finalize action did before the store refused those
+    /// (a database written then can hold such rows): the recovery routes must still move
+    /// their jobs. Returns the rows changed (1, or 0 when the action was final).
+    pub async fn cancel_action(&self, id: i64, at: DateTime<Utc>) -> u64 {
+        let ms = at.timestamp_millis();
+        let set = "status = 'canceled', lease_owner = NULL, lease_until = NULL";
+        let cond = format!("id = {id} AND status IN ('pending', 'running')");
+        let done = match self {
+            RawPool::Sqlite(p) => sqlx::query(&format!(
+                "UPDATE dockhand_actions SET {set}, finished_at = {ms} WHERE {cond}"
+            ))
+            .execute(p)
+            .await
+            .map(|d| d.rows_affected()),
+            RawPool::Postgres(p) => sqlx::query(&format!(
+                "UPDATE dockhand_actions SET {set}, finished_at = to_timestamp({ms} / 1000.0)
+                 WHERE {cond}"
+            ))
+            .execute(p)
+            .await
+            .map(|d| d.rows_affected()),
+            RawPool::Mysql(p) => sqlx::query(&format!(
+                "UPDATE dockhand_actions SET {set}, active_key = NULL, finished_at = {ms}
+                 WHERE {cond}"
+            ))
+            .execute(p)
+            .await
+            .map(|d| d.rows_affected()),
+        };
+        done.expect("cancel behind the store")
+    }
 }
 
 /// Pool options without the reaper task, for the pools the harness opens itself.
@@ -238,8 +273,14 @@ impl TestDb {
         self.exec_all(&[sql]).await;
     }
 
+    /// [`RawPool::cancel_action`] at the test clock's now.
+    pub async fn cancel_behind_store(&self, id: i64) {
+        let changed = self.raw().await.cancel_action(id, self.clock.now()).await;
+        assert_eq!(changed, 1, "action {id} canceled behind the store");
+    }
+
     /// The test's raw-SQL pool, opened on first use.
-    async fn raw(&self) -> RawPool {
+    pub async fn raw(&self) -> RawPool {
         self.raw
             .get_or_init(|| async {
                 match self.kind {

@@ -16,6 +16,7 @@ use super::{ms, opt_text, retry_deadlocks, text, MySqlStore};
 use crate::error::{Error, Result};
 use crate::jobs::finish::{followup, FailedAction};
 use crate::jobs::STEP_HOOK;
+use crate::store::operator::job_owned_hooks;
 use crate::store::{Finish, FinishResult, Lease};
 use chrono::{DateTime, Utc};
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
@@ -344,11 +345,12 @@ pub(super) async fn log(
 pub(super) async fn cancel(store: &MySqlStore, id: i64, now: DateTime<Utc>) -> Result<bool> {
     retry_deadlocks("cancel", || async move {
         let mut tx = store.begin("cancel").await?;
-        let done = sqlx::query(
+        let done = sqlx::query(concat!(
             "UPDATE dockhand_actions SET status = 'canceled', finished_at = ?,
              lease_owner = NULL, lease_until = NULL, active_key = NULL
-             WHERE id = ? AND status IN ('pending', 'running')",
-        )
+             WHERE id = ? AND status IN ('pending', 'running') AND hook NOT IN ",
+            job_owned_hooks!()
+        ))
         .bind(ms(now))
         .bind(id)
         .execute(&mut *tx)

@@ -7,6 +7,7 @@ use super::{from_ms, ms, opt_text, retry_deadlocks, text, MySqlStore};
 use crate::action::{encode_args, Action, ActionFilter, ActionLog, ActionOrder, ActionQuery};
 use crate::error::{Error, Result};
 use crate::state::ActionStatus;
+use crate::store::operator::job_owned_hooks;
 use crate::store::QueueStats;
 use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlRow;
@@ -251,9 +252,10 @@ pub(super) async fn unschedule(
             .execute(&mut *tx)
             .await
             .map_err(Error::db("unschedule (schedules)"))?;
-        let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
-            "SELECT id FROM dockhand_actions WHERE status = 'pending'",
-        );
+        let mut qb: QueryBuilder<MySql> = QueryBuilder::new(concat!(
+            "SELECT id FROM dockhand_actions WHERE status = 'pending' AND hook NOT IN ",
+            job_owned_hooks!()
+        ));
         push_filter(&mut qb, f)?;
         qb.push(" ORDER BY id FOR UPDATE");
         let ids: Vec<i64> = qb

@@ -12,6 +12,7 @@ use crate::action::ActionLog;
 use crate::error::{Error, Result};
 use crate::search::{ActionPage, ActionSearch, ActionSummary, HEAD_CHARS, INTERNAL_HOOK_PREFIX};
 use crate::state::ActionStatus;
+use crate::store::operator::job_owned_hooks;
 use crate::store::operator::{self, bucket_window, check_bulk_ids, fill_buckets, key_columns};
 use crate::store::{BulkOutcome, Capped, ThroughputBucket};
 use chrono::{DateTime, Utc};
@@ -357,7 +358,10 @@ pub(super) async fn cancel_many(
         let changed = lock_ids(
             &mut tx,
             ids,
-            "status IN ('pending', 'running')",
+            concat!(
+                "status IN ('pending', 'running') AND hook NOT IN ",
+                job_owned_hooks!()
+            ),
             "cancel many",
         )
         .await?;
@@ -486,7 +490,17 @@ pub(super) async fn delete_actions(store: &MySqlStore, ids: &[i64]) -> Result<Bu
     }
     let changed = retry_deadlocks("delete actions", || async move {
         let mut tx = store.begin("delete actions").await?;
-        let changed = lock_ids(&mut tx, ids, "status <> 'running'", "delete actions").await?;
+        let changed = lock_ids(
+            &mut tx,
+            ids,
+            concat!(
+                "status <> 'running' AND NOT (status = 'pending' AND hook IN ",
+                job_owned_hooks!(),
+                ")"
+            ),
+            "delete actions",
+        )
+        .await?;
         if !changed.is_empty() {
             for (table, col) in [
                 ("dockhand_actions", "id"),

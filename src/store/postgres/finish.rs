@@ -8,6 +8,7 @@ use super::enqueue::enqueue_one;
 use super::{listen, ts, PgStore};
 use crate::error::{Error, Result};
 use crate::jobs::finish::{followup, FailedAction};
+use crate::store::operator::job_owned_hooks;
 use crate::store::{Finish, FinishResult, Lease};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -303,11 +304,12 @@ pub(super) async fn log(
 
 pub(super) async fn cancel(store: &PgStore, id: i64, now: DateTime<Utc>) -> Result<bool> {
     let mut tx = store.begin("cancel").await?;
-    let done = sqlx::query(
+    let done = sqlx::query(concat!(
         "UPDATE dockhand_actions SET status = 'canceled', finished_at = $1,
          lease_owner = NULL, lease_until = NULL
-         WHERE id = $2 AND status IN ('pending', 'running')",
-    )
+         WHERE id = $2 AND status IN ('pending', 'running') AND hook NOT IN ",
+        job_owned_hooks!()
+    ))
     .bind(ts(now))
     .bind(id)
     .execute(&mut *tx)

@@ -6,6 +6,7 @@ use super::{ts, PgStore};
 use crate::action::{encode_args, Action, ActionFilter, ActionLog, ActionOrder, ActionQuery};
 use crate::error::{Error, Result};
 use crate::state::ActionStatus;
+use crate::store::operator::job_owned_hooks;
 use crate::store::QueueStats;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -256,7 +257,10 @@ pub(super) async fn unschedule(
         .map_err(Error::db("unschedule (schedules)"))?;
     let mut qb: QueryBuilder<Postgres> =
         QueryBuilder::new("UPDATE dockhand_actions SET status = 'canceled', finished_at = ");
-    qb.push_bind(ts(now)).push(" WHERE status = 'pending'");
+    qb.push_bind(ts(now)).push(concat!(
+        " WHERE status = 'pending' AND hook NOT IN ",
+        job_owned_hooks!()
+    ));
     push_filter(&mut qb, f)?;
     qb.push(" RETURNING id");
     let ids: Vec<i64> = qb

@@ -12,6 +12,7 @@ use crate::search::{
     ActionPage, ActionSearch, ActionSort, ActionSummary, HEAD_CHARS, INTERNAL_HOOK_PREFIX,
 };
 use crate::state::ActionStatus;
+use crate::store::operator::job_owned_hooks;
 use crate::store::operator::{
     self, bucket_window, check_bulk_ids, check_candidate_shape, fill_buckets, key_columns,
 };
@@ -324,12 +325,13 @@ pub(super) async fn cancel_many(
 ) -> Result<BulkOutcome> {
     check_bulk_ids(ids)?;
     let mut tx = store.begin("cancel many").await?;
-    let changed: Vec<i64> = sqlx::query_scalar(
+    let changed: Vec<i64> = sqlx::query_scalar(concat!(
         "UPDATE dockhand_actions SET status = 'canceled', finished_at = $1,
          lease_owner = NULL, lease_until = NULL
-         WHERE id = ANY($2) AND status IN ('pending', 'running')
-         RETURNING id",
-    )
+         WHERE id = ANY($2) AND status IN ('pending', 'running') AND hook NOT IN ",
+        job_owned_hooks!(),
+        " RETURNING id"
+    ))
     .bind(ts(now))
     .bind(ids)
     .fetch_all(&mut *tx)
@@ -457,10 +459,12 @@ pub(super) async fn run_now(
 pub(super) async fn delete_actions(store: &PgStore, ids: &[i64]) -> Result<BulkOutcome> {
     check_bulk_ids(ids)?;
     let mut tx = store.begin("delete actions").await?;
-    let changed: Vec<i64> = sqlx::query_scalar(
+    let changed: Vec<i64> = sqlx::query_scalar(concat!(
         "DELETE FROM dockhand_actions WHERE id = ANY($1) AND status <> 'running'
-         RETURNING id",
-    )
+           AND NOT (status = 'pending' AND hook IN ",
+        job_owned_hooks!(),
+        ") RETURNING id"
+    ))
     .bind(ids)
     .fetch_all(&mut *tx)
     .await

@@ -10,6 +10,7 @@ use super::enqueue::enqueue_one;
 use super::{hot, ms, SqliteStore};
 use crate::error::{Error, Result};
 use crate::jobs::finish::{followup, FailedAction};
+use crate::store::operator::job_owned_hooks;
 use crate::store::{Finish, FinishResult, Lease};
 use chrono::{DateTime, Utc};
 use sqlx::{Row, SqliteConnection};
@@ -346,11 +347,12 @@ pub(super) async fn log(
 
 pub(super) async fn cancel(store: &SqliteStore, id: i64, now: DateTime<Utc>) -> Result<bool> {
     let mut tx = store.begin_write("cancel").await?;
-    let done = sqlx::query(
+    let done = sqlx::query(concat!(
         "UPDATE dockhand_actions SET status = 'canceled', finished_at = ?,
          lease_owner = NULL, lease_until = NULL
-         WHERE id = ? AND status IN ('pending', 'running')",
-    )
+         WHERE id = ? AND status IN ('pending', 'running') AND hook NOT IN ",
+        job_owned_hooks!()
+    ))
     .bind(ms(now))
     .bind(id)
     .execute(&mut *tx)

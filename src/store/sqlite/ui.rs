@@ -11,6 +11,7 @@ use crate::search::{
     ActionPage, ActionSearch, ActionSort, ActionSummary, HEAD_CHARS, INTERNAL_HOOK_PREFIX,
 };
 use crate::state::ActionStatus;
+use crate::store::operator::job_owned_hooks;
 use crate::store::operator::{self, bucket_window, check_bulk_ids, fill_buckets, key_columns};
 use crate::store::{BulkOutcome, Capped, ThroughputBucket};
 use chrono::{DateTime, Utc};
@@ -318,12 +319,14 @@ pub(super) async fn cancel_many(
 ) -> Result<BulkOutcome> {
     check_bulk_ids(ids)?;
     let mut tx = store.begin_write("cancel many").await?;
-    let changed: Vec<i64> = sqlx::query_scalar(
+    let changed: Vec<i64> = sqlx::query_scalar(concat!(
         "UPDATE dockhand_actions SET status = 'canceled', finished_at = ?,
          lease_owner = NULL, lease_until = NULL
          WHERE id IN (SELECT value FROM json_each(?)) AND status IN ('pending', 'running')
-         RETURNING id",
-    )
+           AND hook NOT IN ",
+        job_owned_hooks!(),
+        " RETURNING id"
+    ))
     .bind(ms(now))
     .bind(ids_json(ids)?)
     .fetch_all(&mut *tx)
@@ -408,11 +411,13 @@ pub(super) async fn run_now(
 pub(super) async fn delete_actions(store: &SqliteStore, ids: &[i64]) -> Result<BulkOutcome> {
     check_bulk_ids(ids)?;
     let mut tx = store.begin_write("delete actions").await?;
-    let changed: Vec<i64> = sqlx::query_scalar(
+    let changed: Vec<i64> = sqlx::query_scalar(concat!(
         "DELETE FROM dockhand_actions
-         WHERE id IN (SELECT value FROM json_each(?)) AND status <> 'running'
-         RETURNING id",
-    )
+             WHERE id IN (SELECT value FROM json_each(?)) AND status <> 'running'
+               AND NOT (status = 'pending' AND hook IN ",
+        job_owned_hooks!(),
+        ") RETURNING id"
+    ))
     .bind(ids_json(ids)?)
     .fetch_all(&mut *tx)
     .await

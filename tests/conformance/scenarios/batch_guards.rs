@@ -63,7 +63,7 @@ pub async fn regression_cancel_whose_parent_finish_fails_still_finishes(db: Test
     let parent = rt.jobs().start("batch", json!({})).await.unwrap();
     rt.run_due_once().await.unwrap(); // split: worklist + chunk 0 pending
     let chunk = actions(&rt, CHUNK_HOOK).await;
-    assert!(rt.queue().cancel(chunk[0].id).await.unwrap());
+    db.cancel_behind_store(chunk[0].id).await;
     faulty.fail_nth("finish_job", 1, FaultMode::FailBefore);
     let jobs = Jobs::without_pipelines(faulty.clone(), Arc::new(db.clock.clone()));
     assert!(
@@ -240,7 +240,7 @@ pub async fn regression_operator_retry_of_a_fanned_out_step_resumes_the_batch(db
         .find(|a| a.args["job"] == json!(parent))
         .unwrap();
     assert_eq!(step.status, ActionStatus::Running);
-    assert!(rt.queue().cancel(step.id).await.unwrap());
+    db.cancel_behind_store(step.id).await;
     assert!(rt.queue().retry(step.id).await.unwrap(), "operator retry");
     drain_rounds(&rt, &db, 4).await;
     let p = rt.jobs().get(parent).await.unwrap();

@@ -448,7 +448,7 @@ pub async fn s_b11_recover_stuck_completes_a_stranded_parent(db: TestDb) {
         rt.run_due_once().await.unwrap();
         let fin = actions(&rt, "dockhand.batch.finalize").await;
         if let Some(a) = fin.iter().find(|a| a.status == ActionStatus::Pending) {
-            rt.queue().cancel(a.id).await.unwrap();
+            db.cancel_behind_store(a.id).await;
             break;
         }
     }

@@ -65,14 +65,15 @@ async fn status(rt: &Runtime, job: i64) -> (JobStatus, Option<String>) {
     (j.status, j.reason)
 }
 
-/// Cancels the pending action of `hook` (an operator's mistake, or a lost wake-up).
-async fn cancel_pending(rt: &Runtime, hook: &str) {
+/// Cancels the pending action of `hook` behind the store's back (a lost wake-up, or an
+/// operator's cancel from before the store refused those).
+async fn cancel_pending(db: &TestDb, rt: &Runtime, hook: &str) {
     let a = actions(rt, hook)
         .await
         .into_iter()
         .find(|a| a.status == ActionStatus::Pending)
         .unwrap_or_else(|| panic!("a pending {hook} action"));
-    assert!(rt.queue().cancel(a.id).await.unwrap());
+    db.cancel_behind_store(a.id).await;
 }
 
 /// The report's one job entry, checked against what the dry run predicted.
@@ -88,7 +89,7 @@ pub async fn recover_stuck_requeues_a_job_whose_step_action_is_gone(db: TestDb) 
     let rt = runtime_with(&db, db.store.clone(), two_steps(), &events).await;
     let job = rt.jobs().start("two", json!({})).await.unwrap();
     rt.run_due_once().await.unwrap(); // step 0 runs and enqueues step 1
-    cancel_pending(&rt, "dockhand.job.step").await;
+    cancel_pending(&db, &rt, "dockhand.job.step").await;
     db.clock.advance(chrono::Duration::seconds(1));
     let dry = rt.jobs().recover_stuck(&opts(true)).await.unwrap();
     assert_eq!((dry.would_requeue, dry.requeued), (1, 0));
@@ -152,7 +153,7 @@ pub async fn recover_stuck_fails_a_job_whose_step_failed_for_good_stale(db: Test
         .await
         .unwrap();
     rt.run_due_once().await.unwrap(); // the step fails fatally: its finish action is pending
-    cancel_pending(&rt, "dockhand.job.finish").await;
+    cancel_pending(&db, &rt, "dockhand.job.finish").await;
     db.clock.advance(chrono::Duration::seconds(1));
     let dry = rt.jobs().recover_stuck(&opts(true)).await.unwrap();
     assert_eq!(dry.would_fail_stale, 1);
@@ -196,7 +197,7 @@ pub async fn recover_stuck_rearms_the_chunk_of_a_parent_not_yet_due(db: TestDb) 
     .await;
     let parent = rt.jobs().start("batch", json!({})).await.unwrap();
     rt.run_due_once().await.unwrap(); // the split step fans out and schedules chunk 0
-    cancel_pending(&rt, "dockhand.batch.chunk").await;
+    cancel_pending(&db, &rt, "dockhand.batch.chunk").await;
     db.clock.advance(chrono::Duration::seconds(1));
     let dry = rt.jobs().recover_stuck(&opts(true)).await.unwrap();
     assert_eq!(dry.would_rearm_chunk, 1);
@@ -260,7 +261,7 @@ pub async fn recover_stuck_leaves_a_parent_needing_a_handler_it_lacks(db: TestDb
         rt.run_due_once().await.unwrap();
         let fin = actions(&rt, "dockhand.batch.finalize").await;
         if let Some(a) = fin.iter().find(|a| a.status == ActionStatus::Pending) {
-            rt.queue().cancel(a.id).await.unwrap();
+            db.cancel_behind_store(a.id).await;
             break;
         }
     }
@@ -320,7 +321,7 @@ pub async fn recover_stuck_goes_on_after_one_jobs_error(db: TestDb) {
                 .unwrap(),
         );
         rt.run_due_once().await.unwrap();
-        cancel_pending(&rt, "dockhand.job.finish").await;
+        cancel_pending(&db, &rt, "dockhand.job.finish").await;
     }
     db.clock.advance(chrono::Duration::seconds(1));
     faulty.fail_nth("finish_job", 1, FaultMode::FailBefore);
@@ -368,7 +369,7 @@ pub async fn bridge_replaces_a_stray_lifecycle_event(db: TestDb) {
         .await
         .unwrap();
     rt.run_due_once().await.unwrap();
-    cancel_pending(&rt, "dockhand.job.finish").await;
+    cancel_pending(&db, &rt, "dockhand.job.finish").await;
     let at = match db.kind {
         Kind::Postgres => "now()".to_string(),
         _ => db.clock.now().timestamp_millis().to_string(),

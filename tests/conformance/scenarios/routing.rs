@@ -93,7 +93,7 @@ pub async fn step_rows_from_before_the_routing_still_run(db: TestDb) {
     let rt = runtime(&db, db.store.clone(), one_step("alpha")).await;
     let job = rt.jobs().start("alpha", json!({})).await.unwrap();
     let step = actions(&rt, "dockhand.job.step").await[0].clone();
-    rt.queue().cancel(step.id).await.unwrap();
+    db.cancel_behind_store(step.id).await;
     let now = db.clock.now();
     let legacy = dockhand::action::PreparedAction {
         hook: "dockhand.job.step".into(),
@@ -159,7 +159,7 @@ pub async fn chunk_rows_from_before_the_routing_still_run(db: TestDb) {
     assert_eq!(rt.run_due_once().await.unwrap(), 1, "the split step");
     let chunk = actions(&rt, CHUNK_HOOK).await[0].clone();
     assert_eq!(chunk.status, ActionStatus::Pending);
-    rt.queue().cancel(chunk.id).await.unwrap();
+    db.cancel_behind_store(chunk.id).await;
     let now = db.clock.now();
     let legacy = chunk_action(parent, 0, chunk.priority, GROUP.into(), now);
     db.store.enqueue(&legacy, now).await.unwrap();

@@ -19,11 +19,12 @@
 //!   so its fan-out commits and its finish is fenced out (or, when the run failed, its retry
 //!   record is). The operator retries it by hand while the batch is in flight (its children
 //!   fail their first attempt too): the retried step must not run again and refuse its own
-//!   batch (issue 15, defect 9).
+//!   batch (issue 15, defect 9). The cancel is written behind the store, which refuses an
+//!   operator's cancel of a step action since session 25; databases from before can hold one.
 //! - two plain actions; the second claims and completes a free-standing item (no job).
 
 use super::sweep_checks::{actions, all_jobs};
-use crate::harness::TestDb;
+use crate::harness::{RawPool, TestDb};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use dockhand::claims::ledger::TrackedItems;
@@ -225,14 +226,16 @@ fn cancelled() -> Pipeline {
 fn refan(
     faulty: Arc<FaultyStore>,
     inner: DynStore,
+    raw: RawPool,
     clock: TestClock,
     operator: Arc<Operator>,
 ) -> Pipeline {
     Pipeline::new("refan")
         .step("split", move |ctx| {
-            let (faulty, inner, clock, operator) = (
+            let (faulty, inner, raw, clock, operator) = (
                 faulty.clone(),
                 inner.clone(),
+                raw.clone(),
                 clock.clone(),
                 operator.clone(),
             );
@@ -240,15 +243,17 @@ fn refan(
                 if !operator.refan_cancel_planned.swap(true, Ordering::SeqCst) {
                     let job = ctx.job_id;
                     let hook: CallHook = Arc::new(move || {
-                        let (inner, now) = (inner.clone(), clock.now());
+                        let (inner, raw, now) = (inner.clone(), raw.clone(), clock.now());
                         Box::pin(async move {
                             let Ok(running) =
                                 step_actions(&inner, job, vec![ActionStatus::Running]).await
                             else {
                                 return;
                             };
+                            // Behind the store: it refuses an operator's cancel of a step
+                            // action now, but databases from before hold such cancels.
                             for a in running {
-                                let _ = inner.cancel(a.id, now).await;
+                                raw.cancel_action(a.id, now).await;
                             }
                         })
                     });
@@ -470,6 +475,7 @@ pub(super) async fn runtime(
         .pipeline(refan(
             faulty.clone(),
             db.store.clone(),
+            db.raw().await,
             clock.clone(),
             operator.clone(),
         ))
