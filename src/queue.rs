@@ -12,6 +12,10 @@ use crate::telemetry;
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
 
+/// How many of the next pending matches [`Queue::unschedule_one`] reads to find one no job
+/// owns.
+pub const UNSCHEDULE_ONE_LOOKAHEAD: i64 = 100;
+
 /// A handle on the queue: enqueue, unschedule, query. Cheap to clone.
 ///
 /// Usable without workers (a web handler that only enqueues):
@@ -118,19 +122,20 @@ impl Queue {
         self.store.schedules().await
     }
 
-    /// Cancels the next pending action matching the filter (`as_unschedule_action`).
-    /// Returns its id, or `None` when nothing matched or the next one is owned by a job
-    /// (see [`Queue::cancel`]; those are never canceled here).
+    /// Cancels the next pending action matching the filter (`as_unschedule_action`), passing
+    /// over the actions a job owns (see [`Queue::cancel`]; those are never canceled here).
+    /// Returns its id, or `None` when nothing matched (among the next
+    /// [`UNSCHEDULE_ONE_LOOKAHEAD`] pending matches).
     pub async fn unschedule_one(&self, filter: &ActionFilter) -> Result<Option<i64>> {
         let next = self
             .query(&ActionQuery {
                 filter: filter.clone(),
                 statuses: vec![ActionStatus::Pending],
-                limit: 1,
+                limit: UNSCHEDULE_ONE_LOOKAHEAD,
                 ..ActionQuery::default()
             })
             .await?;
-        match next.first() {
+        match next.iter().find(|a| owning_job(&a.hook, &a.args).is_none()) {
             Some(a) if self.store.cancel(a.id, self.clock.now()).await? => Ok(Some(a.id)),
             _ => Ok(None),
         }

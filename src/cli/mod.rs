@@ -134,7 +134,8 @@ pub enum Command {
     ///
     /// A running handler is not interrupted, but its result is discarded. When nothing changes
     /// (the action is already final) a message says why and the exit status is 0; an unknown id
-    /// exits with status 1.
+    /// exits with status 1, and so does an active action a job owns (its step, finish, chunk or
+    /// finalize action: cancel the job with `cancel-job`).
     Cancel {
         /// The action id.
         id: i64,
@@ -149,7 +150,9 @@ pub enum Command {
     },
     /// Cancel pending actions and disable schedules matching a filter.
     ///
-    /// At least one of --hook, --group or --args is required. Running actions finish.
+    /// At least one of --hook, --group or --args is required. Running actions finish. Actions a
+    /// job owns (its step, finish, chunk or finalize action) are left alone: stop the job with
+    /// `cancel-job`.
     Unschedule(FilterArgs),
     /// List recurring schedules with their recurrence and next run.
     Schedules,

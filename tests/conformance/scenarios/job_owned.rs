@@ -52,15 +52,25 @@ pub async fn ops_job_owned_actions_are_refused_by_every_operator_surface(db: Tes
     };
     assert_eq!(q.unschedule_all(&by_hook).await.unwrap(), 0);
     assert_eq!(q.unschedule_one(&by_hook).await.unwrap(), None);
+    let group = step
+        .group
+        .clone()
+        .expect("a step action has its pipeline's group");
     let by_group = ActionFilter {
-        group: Some(
-            step.group
-                .clone()
-                .expect("a step action has its pipeline's group"),
-        ),
+        group: Some(group.clone()),
         ..ActionFilter::default()
     };
     assert_eq!(q.unschedule_all(&by_group).await.unwrap(), 0);
+    // `unschedule_one` passes over the step action to the next match no job owns.
+    let neighbour = q
+        .enqueue(
+            ActionSpec::new("user.work", json!(2))
+                .group(group)
+                .after(chrono::Duration::minutes(1)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(q.unschedule_one(&by_group).await.unwrap(), Some(neighbour));
     let step_now = db.store.get(step.id).await.unwrap().unwrap();
     assert_eq!(
         step_now.status,
