@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::limits::{GroupLimit, GroupLimitInfo};
 use crate::schedule::{Schedule, ScheduleSpec};
 use crate::state::ActionStatus;
-use crate::store::operator::owning_job;
+use crate::store::operator::{owning_job, JOB_OWNED_HOOKS};
 use crate::store::{DynStore, Enqueued, QueueStats};
 use crate::telemetry;
 use chrono::{DateTime, Utc};
@@ -135,7 +135,10 @@ impl Queue {
                 ..ActionQuery::default()
             })
             .await?;
-        match next.iter().find(|a| owning_job(&a.hook, &a.args).is_none()) {
+        match next
+            .iter()
+            .find(|a| !JOB_OWNED_HOOKS.contains(&a.hook.as_str()))
+        {
             Some(a) if self.store.cancel(a.id, self.clock.now()).await? => Ok(Some(a.id)),
             _ => Ok(None),
         }
