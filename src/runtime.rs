@@ -250,6 +250,7 @@ impl RuntimeBuilder {
             }
         };
         let queue = Queue::with_clock(Arc::clone(&store), Arc::clone(&clock));
+        let listens = self.lifecycle.any();
         let engine = Arc::new(Engine {
             store: Arc::clone(&store),
             clock: Arc::clone(&clock),
@@ -258,6 +259,7 @@ impl RuntimeBuilder {
             hooks: self.lifecycle,
             reprocess: self.reprocess,
             delivers_events: true,
+            listeners: crate::jobs::listeners::Listeners::new(listens),
             delivering: tokio::sync::Mutex::new(()),
             grouped: Default::default(),
             packet_cache: Default::default(),
@@ -293,6 +295,7 @@ impl RuntimeBuilder {
             .runner
             .only_registered_hooks
             .then(|| self.registry.hook_list());
+        maintenance.refresh_listeners().await;
         let routing = engine_routing(&engine.pipelines);
         let runner = Arc::new(Runner {
             claim_hooks,

@@ -371,6 +371,7 @@ impl Jobs {
             hooks: Default::default(),
             reprocess: None,
             delivers_events: false,
+            listeners: super::listeners::Listeners::new(false),
             delivering: tokio::sync::Mutex::new(()),
             grouped: Default::default(),
             packet_cache: Default::default(),

@@ -63,6 +63,8 @@ pub struct Engine {
     /// the dashboard) runs no hooks, so it leaves events in the outbox for a runtime's sweep
     /// instead of marking them delivered unheard.
     pub(crate) delivers_events: bool,
+    /// Whether some runtime of the cluster hears lifecycle events ([`super::listeners`]).
+    pub(crate) listeners: super::listeners::Listeners,
     /// Serialises outbox delivery in this process.
     pub(crate) delivering: tokio::sync::Mutex<()>,
     /// Group commit of concurrently running steps' starts and finishes.
@@ -405,11 +407,25 @@ impl Engine {
         }
     }
 
+    /// Whether this engine's outbox sweep has anything to do: it has lifecycle hooks to run,
+    /// or it has none and no other runtime listens, so the events are marked delivered
+    /// unheard ([`super::listeners`]). While another runtime listens, the sweep is left to it.
+    pub(crate) fn sweeps_outbox(&self) -> bool {
+        self.hooks.any() || !self.listeners.someone_listens()
+    }
+
+    /// Whether a step run's event is written delivered by its finishing transaction: this
+    /// runtime delivers events, has no hook to run, and no other runtime listens.
+    pub(crate) fn writes_events_delivered(&self) -> bool {
+        self.delivers_events && !self.listeners.someone_listens()
+    }
+
     /// Delivers undelivered lifecycle events (J5): runs the hooks, then marks the event
     /// delivered. At least once; a crash between the two re-delivers on the next sweep. An
-    /// engine that runs no hooks (an operator tool's) delivers nothing and returns 0.
+    /// engine that runs no hooks (an operator tool's) delivers nothing and returns 0, and so
+    /// does a runtime with no hook while another runtime listens ([`Engine::sweeps_outbox`]).
     pub async fn deliver_events(&self) -> Result<usize> {
-        if !self.delivers_events {
+        if !self.delivers_events || !self.sweeps_outbox() {
             return Ok(0);
         }
         let _guard = self.delivering.lock().await;

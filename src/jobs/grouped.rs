@@ -92,8 +92,9 @@ impl Engine {
             lease: Some(lease),
             complete_run: true,
             superseded,
-            // No hook to run: the event is the record, written delivered (no sweep write).
-            event_delivered: self.delivers_events && !self.hooks.any(),
+            // No hook to run anywhere: the event is the record, written delivered (no sweep
+            // write).
+            event_delivered: self.writes_events_delivered(),
         };
         let done = match control.finish_queue() {
             // A child run by its chunk: the chunk writes its children's finishes together.

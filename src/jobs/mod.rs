@@ -17,6 +17,7 @@ pub mod engine;
 pub mod engine_data;
 pub mod finish;
 mod grouped;
+pub mod listeners;
 pub(crate) mod packet_cache;
 pub mod packets;
 pub mod pipeline;

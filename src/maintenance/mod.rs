@@ -136,6 +136,26 @@ impl Maintenance {
         self
     }
 
+    /// Takes or renews this runtime's listener lease, or reads whether another runtime holds
+    /// one ([`crate::jobs::listeners`]). An error is logged and the last view kept (a runtime
+    /// with no hook starts out assuming others listen).
+    pub(crate) async fn refresh_listeners(&self) {
+        if let Some(engine) = &self.outbox {
+            let refreshed = engine
+                .listeners
+                .refresh(&self.store, self.clock.as_ref(), &self.owner)
+                .await;
+            if let Err(e) = refreshed {
+                tracing::warn!(error = %e, "could not refresh the event listeners' lease");
+            }
+        }
+    }
+
+    /// Whether this runtime sweeps the outbox ([`crate::jobs::engine::Engine::sweeps_outbox`]).
+    fn sweeps_outbox(&self) -> bool {
+        self.outbox.as_ref().is_some_and(|e| e.sweeps_outbox())
+    }
+
     async fn sweep_outbox(&self, report: &mut MaintenanceReport) -> Result<()> {
         if let Some(engine) = &self.outbox {
             report.events_delivered += engine.deliver_events().await? as u64;
@@ -156,7 +176,10 @@ impl Maintenance {
         if self.lease("retention", c.retention_interval).await? {
             self.prune(&mut report).await?;
         }
-        if self.lease("outbox", c.reaper_interval).await? {
+        self.refresh_listeners().await;
+        // A runtime with no hook takes the sweep's lease only while no one listens, so it
+        // never keeps a listener from sweeping.
+        if self.sweeps_outbox() && self.lease("outbox", c.reaper_interval).await? {
             self.sweep_outbox(&mut report).await?;
         }
         if self.lease("claims", c.claim_renew_interval).await? {
@@ -171,6 +194,7 @@ impl Maintenance {
         self.reap(&mut report).await?;
         self.schedule(&mut report).await?;
         self.prune(&mut report).await?;
+        self.refresh_listeners().await;
         self.sweep_outbox(&mut report).await?;
         self.renew_claims(&mut report).await?;
         Ok(report)

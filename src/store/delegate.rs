@@ -174,6 +174,13 @@ macro_rules! delegate_store {
                     self.inner.try_maintenance_lease(task, owner, until, now)
                 )
             }
+            async fn maintenance_lease_held(&self, task: &str, now: DateTime<Utc>) -> Result<bool> {
+                $around!(
+                    self,
+                    "maintenance_lease_held",
+                    self.inner.maintenance_lease_held(task, now)
+                )
+            }
             async fn create_job(&self, job: &NewJob, now: DateTime<Utc>) -> Result<i64> {
                 $around!(self, "create_job", self.inner.create_job(job, now))
             }

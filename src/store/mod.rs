@@ -222,6 +222,10 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> Result<bool>;
 
+    /// Whether some owner holds the lease of task `task` at `now` (taken and not expired; see
+    /// [`Store::try_maintenance_lease`]). A read: it takes nothing.
+    async fn maintenance_lease_held(&self, task: &str, now: DateTime<Utc>) -> Result<bool>;
+
     // ----- jobs (J1–J7) ---------------------------------------------------------------
 
     /// In one transaction: inserts the job (`pending`) and enqueues its first step action

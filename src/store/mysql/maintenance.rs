@@ -214,3 +214,15 @@ pub(super) async fn try_lease(
     })
     .await
 }
+
+pub(super) async fn lease_held(store: &MySqlStore, task: &str, now: DateTime<Utc>) -> Result<bool> {
+    let held: Option<i64> = sqlx::query_scalar(
+        "SELECT 1 FROM dockhand_maintenance_leases WHERE task = ? AND until > ?",
+    )
+    .bind(task.as_bytes())
+    .bind(ms(now))
+    .fetch_optional(&store.pool)
+    .await
+    .map_err(Error::db("maintenance lease held"))?;
+    Ok(held.is_some())
+}

@@ -262,6 +262,10 @@ impl Store for MySqlStore {
         maintenance::try_lease(self, task, owner, until, now).await
     }
 
+    async fn maintenance_lease_held(&self, task: &str, now: DateTime<Utc>) -> Result<bool> {
+        maintenance::lease_held(self, task, now).await
+    }
+
     async fn create_job(&self, job: &NewJob, now: DateTime<Utc>) -> Result<i64> {
         jobs::create_job(self, job, now).await
     }

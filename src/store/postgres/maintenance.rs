@@ -135,3 +135,15 @@ pub(super) async fn try_lease(
     .map_err(Error::db("maintenance lease"))?;
     Ok(got.is_some())
 }
+
+pub(super) async fn lease_held(store: &PgStore, task: &str, now: DateTime<Utc>) -> Result<bool> {
+    let held: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM dockhand_maintenance_leases WHERE task = $1 AND until > $2",
+    )
+    .bind(task)
+    .bind(ts(now))
+    .fetch_optional(&store.pool)
+    .await
+    .map_err(Error::db("maintenance lease held"))?;
+    Ok(held.is_some())
+}

@@ -141,3 +141,19 @@ pub(super) async fn try_lease(
     tx.commit().await.map_err(Error::db("maintenance lease"))?;
     Ok(got.is_some())
 }
+
+pub(super) async fn lease_held(
+    store: &SqliteStore,
+    task: &str,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let held: Option<i64> = sqlx::query_scalar(
+        "SELECT 1 FROM dockhand_maintenance_leases WHERE task = ? AND until > ?",
+    )
+    .bind(task)
+    .bind(ms(now))
+    .fetch_optional(&store.reader)
+    .await
+    .map_err(Error::db("maintenance lease held"))?;
+    Ok(held.is_some())
+}

@@ -1,0 +1,96 @@
+//! Lifecycle events and runtimes with different hooks (J5, `dockhand::jobs::listeners`): a
+//! runtime that registers no lifecycle hook never marks an event delivered while another
+//! runtime that listens holds the listeners' lease, and marks them (or writes its step runs'
+//! events delivered) once no one listens.
+
+use super::batches::{batch_pipeline, ok_child, runtime};
+use crate::harness::TestDb;
+use dockhand::jobs::listeners::listener_ttl;
+use dockhand::{JobStatus, Runtime};
+use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Runs a four-child batch on `rt` to its end; returns the parent.
+async fn run_batch(db: &TestDb, rt: &Runtime) -> i64 {
+    // The items of an earlier batch are released to this one's split.
+    db.exec_sql("DELETE FROM dockhand_item_claims").await;
+    let parent = rt.jobs().start("batch", json!({})).await.unwrap();
+    for _ in 0..20 {
+        if rt.jobs().get(parent).await.unwrap().status.is_final() {
+            break;
+        }
+        rt.run_due_once().await.unwrap();
+    }
+    assert_eq!(
+        rt.jobs().get(parent).await.unwrap().status,
+        JobStatus::Completed
+    );
+    parent
+}
+
+/// (events, undelivered events) of `parent` and its children.
+async fn events(db: &TestDb, parent: i64) -> Vec<i64> {
+    let of = format!(
+        "FROM dockhand_job_events e JOIN dockhand_jobs j ON j.id = e.job_id
+         WHERE (j.parent_id = {parent} OR j.id = {parent})"
+    );
+    db.count_all(&[
+        &format!("SELECT COUNT(*) {of}"),
+        &format!("SELECT COUNT(*) {of} AND e.delivered_at IS NULL"),
+    ])
+    .await
+}
+
+/// A listening runtime (with `on_job_finished`) and a silent one share the database. The
+/// silent one runs a batch: its children's events are written undelivered, and its own sweep
+/// leaves them; the listener's sweep delivers each once. When the listener's lease has lapsed
+/// (it stopped for longer than the TTL), the silent runtime's step runs write their events
+/// delivered, and its sweep marks the parent's.
+pub async fn a_runtime_without_hooks_leaves_events_to_a_listening_runtime(db: TestDb) {
+    let heard = Arc::new(AtomicUsize::new(0));
+    let listener = {
+        let heard = heard.clone();
+        db.runtime()
+            .pipeline(batch_pipeline(4, 10, ok_child))
+            .on_job_finished(move |_ev| {
+                heard.fetch_add(1, Ordering::SeqCst);
+                async {}
+            })
+            .build()
+            .await
+            .unwrap()
+    };
+    let silent = runtime(&db, db.store.clone(), batch_pipeline(4, 10, ok_child)).await;
+
+    let parent = run_batch(&db, &silent).await;
+    assert_eq!(
+        events(&db, parent).await,
+        vec![5, 5],
+        "the children's and the parent's events wait for the listener"
+    );
+    silent.run_maintenance_once().await.unwrap();
+    assert_eq!(
+        events(&db, parent).await,
+        vec![5, 5],
+        "the silent sweep leaves them"
+    );
+    listener.run_maintenance_once().await.unwrap();
+    assert_eq!(events(&db, parent).await, vec![5, 0]);
+    assert_eq!(heard.load(Ordering::SeqCst), 5, "each event heard once");
+
+    // The listener stops for longer than its lease: no one listens any more.
+    drop(listener);
+    db.clock
+        .advance(listener_ttl() + chrono::Duration::minutes(1));
+    silent.run_maintenance_once().await.unwrap();
+    let parent = run_batch(&db, &silent).await;
+    assert_eq!(
+        events(&db, parent).await,
+        vec![5, 1],
+        "the children's events are written delivered; the parent's waits for the sweep"
+    );
+    silent.run_maintenance_once().await.unwrap();
+    assert_eq!(events(&db, parent).await, vec![5, 0]);
+    assert_eq!(heard.load(Ordering::SeqCst), 5, "nothing more was heard");
+}
