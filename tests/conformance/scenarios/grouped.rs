@@ -6,6 +6,7 @@
 
 use super::batches::{actions, assert_clean, batch_pipeline, children, ok_child, runtime};
 use super::claims::{claims_runtime, failing, tracked, WriteThenFail};
+use super::listeners::run_batch;
 use crate::harness::TestDb;
 use dockhand::batch::{BatchAbort, CHUNK_HOOK, FINALIZE_HOOK};
 use dockhand::claims::CompletionRegistry;
@@ -505,17 +506,7 @@ pub async fn runtime_without_hooks_leaves_no_event_to_sweep(db: TestDb) {
             p = p.children_in_chunk(4);
         }
         let rt = runtime(&db, db.store.clone(), p).await;
-        let parent = rt.jobs().start("batch", json!({})).await.unwrap();
-        for _ in 0..20 {
-            if rt.jobs().get(parent).await.unwrap().status.is_final() {
-                break;
-            }
-            rt.run_due_once().await.unwrap();
-        }
-        assert_eq!(
-            rt.jobs().get(parent).await.unwrap().status,
-            JobStatus::Completed
-        );
+        let parent = run_batch(&db, &rt).await;
         let counts = db
             .count_all(&[
                 &format!(
@@ -530,7 +521,5 @@ pub async fn runtime_without_hooks_leaves_no_event_to_sweep(db: TestDb) {
             ])
             .await;
         assert_eq!(counts, vec![4, 0], "in chunk: {in_chunk}");
-        // The items were released to a fresh batch's split.
-        db.exec_sql("DELETE FROM dockhand_item_claims").await;
     }
 }

@@ -11,8 +11,9 @@ use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Runs a four-child batch on `rt` to its end; returns the parent.
-async fn run_batch(db: &TestDb, rt: &Runtime) -> i64 {
+/// Runs a batch of pipeline `batch` on `rt` to its end, after releasing the items an earlier
+/// batch claimed; returns the parent.
+pub(super) async fn run_batch(db: &TestDb, rt: &Runtime) -> i64 {
     // The items of an earlier batch are released to this one's split.
     db.exec_sql("DELETE FROM dockhand_item_claims").await;
     let parent = rt.jobs().start("batch", json!({})).await.unwrap();
