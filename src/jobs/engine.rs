@@ -423,7 +423,7 @@ impl Engine {
     /// Delivers undelivered lifecycle events (J5): runs the hooks, then marks the event
     /// delivered. At least once; a crash between the two re-delivers on the next sweep. An
     /// engine that runs no hooks (an operator tool's) delivers nothing and returns 0, and so
-    /// does a runtime with no hook while another runtime listens ([`Engine::sweeps_outbox`]).
+    /// does a runtime with no hook while another runtime listens ([`super::listeners`]).
     pub async fn deliver_events(&self) -> Result<usize> {
         if !self.delivers_events || !self.sweeps_outbox() {
             return Ok(0);

@@ -4,7 +4,7 @@
 //!
 //! Lifecycle hooks are registered in code, per runtime. A runtime that registers some holds the
 //! shared maintenance lease [`LISTENERS_TASK`] (one holder is enough: it says "someone
-//! listens"), taken at build and renewed by its maintenance ticks for [`LISTENER_TTL`], so a
+//! listens"), taken at build and renewed by its maintenance ticks for [`listener_ttl`], so a
 //! restart within that time keeps it. A runtime with no hook reads the lease at build and at
 //! each maintenance tick:
 //! - while someone listens, it writes its step runs' events undelivered and leaves the outbox
