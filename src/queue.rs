@@ -189,19 +189,25 @@ impl Queue {
     /// Cancels a pending or running action; false if it was already final. A pending or
     /// running action a job owns (its step, finish, chunk or finalize action) is refused with
     /// [`Error::OwnedByJob`] naming the job: cancel the job instead ([`crate::Jobs::cancel`]).
-    /// The store refuses it too, so a surface that skips this check changes nothing.
+    /// The refusal is the store's ([`crate::Store::cancel`]); only when it changed nothing is
+    /// the action read, to say why.
     pub async fn cancel(&self, id: i64) -> Result<bool> {
-        if let Some(a) = self.store.get(id).await? {
-            let active = matches!(a.status, ActionStatus::Pending | ActionStatus::Running);
-            if let Some(job_id) = owning_job(&a.hook, &a.args).filter(|_| active) {
-                return Err(Error::OwnedByJob {
-                    action_id: id,
-                    hook: a.hook,
-                    job_id,
-                });
-            }
+        if self.store.cancel(id, self.clock.now()).await? {
+            return Ok(true);
         }
-        self.store.cancel(id, self.clock.now()).await
+        match self.store.get(id).await? {
+            Some(a) if matches!(a.status, ActionStatus::Pending | ActionStatus::Running) => {
+                match owning_job(&a.hook, &a.args) {
+                    Some(job_id) => Err(Error::OwnedByJob {
+                        action_id: id,
+                        hook: a.hook,
+                        job_id,
+                    }),
+                    None => Ok(false),
+                }
+            }
+            _ => Ok(false),
+        }
     }
 
     /// Puts a failed or canceled action back to pending with fresh attempts.

@@ -181,7 +181,8 @@ fn buttons(ctx: &Ctx, a: &Action) -> Markup {
         return html! {};
     }
     let id = a.id;
-    let drives_job = driver(a.unique_key.as_deref()).is_some();
+    // The store refuses the cancel of exactly these (`JOB_OWNED_HOOKS`).
+    let drives_job = crate::store::operator::owning_job(&a.hook, &a.args).is_some();
     html! {
         div.actions {
             @if matches!(a.status, ActionStatus::Failed | ActionStatus::Canceled) {
