@@ -270,7 +270,7 @@ pub enum Command {
     /// MySQL/MariaDB a new database of that name on the server named by --database-url (or
     /// DOCKHAND_TEST_MYSQL_URL).
     /// Workloads: W1 enqueues --n jobs with args {"n": i}, one Queue::enqueue call each,
-    /// sequentially; W1b the same --n rows through Queue::enqueue_bulk, 1000 per call; W2
+    /// sequentially; W1b the same --n rows through one Queue::enqueue_bulk call; W2
     /// bulk-enqueues --n no-op jobs, then times a runtime with --concurrency slots (poll
     /// interval 10 ms) from start() until all are complete, and counts jobs run more than once
     /// (dup); W3 starts an idle runtime, enqueues 200 jobs one every 5 ms and reports the p50

@@ -48,7 +48,7 @@ pub enum Workload {
     /// N single enqueues, one call each, sequentially.
     #[value(name = "W1", alias = "w1")]
     W1,
-    /// The same N rows through the bulk API, 1000 per call.
+    /// The same N rows through one call of the bulk API.
     #[value(name = "W1b", alias = "w1b", alias = "W1B")]
     W1b,
     /// Drain N pending no-op actions with a runtime of --concurrency slots.

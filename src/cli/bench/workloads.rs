@@ -1,7 +1,9 @@
 //! The DESIGN §10 workloads, through the public API only.
 //!
 //! - W1: N × [`Queue::enqueue`] of `{"n": i}`, sequentially, one task.
-//! - W1b: the same N rows through [`Queue::enqueue_bulk`], [`BULK_BATCH`] per call.
+//! - W1b: the same N rows through one [`Queue::enqueue_bulk`] call, the specs built before the
+//!   timer (the shape of every peer's W1b in the peers' harness: one bulk call of all N jobs
+//!   built beforehand).
 //! - W2: N pending no-op actions (bulk-enqueued before the timer), a [`Runtime`] with C slots
 //!   and a 10 ms poll interval; the timer runs from `start()` until every handler ran and N
 //!   actions count complete (`Store::count_actions` over the finished index).
@@ -26,7 +28,7 @@ use tokio::sync::Notify;
 
 /// The hook every benchmark action uses.
 const HOOK: &str = "bench.noop";
-/// Rows per `enqueue_bulk` call (W1b, and W2's setup).
+/// Rows per `enqueue_bulk` call in W2's setup.
 pub(super) const BULK_BATCH: u32 = 1000;
 /// Jobs measured by W3.
 pub(super) const W3_JOBS: u32 = 200;
@@ -67,10 +69,12 @@ pub(super) async fn run(
             expect_status(&queue, "pending", a.n).await?;
         }
         Workload::W1b => {
+            let specs: Vec<ActionSpec> = (0..a.n).map(spec).collect();
             let start = Instant::now();
-            enqueue_bulk(&queue, a.n).await?;
+            let ids = queue.enqueue_bulk(specs).await?;
             m.secs = start.elapsed().as_secs_f64();
-            m.batch = Some(BULK_BATCH.min(a.n));
+            expect_ids(ids.len(), a.n)?;
+            m.batch = Some(a.n);
             expect_status(&queue, "pending", a.n).await?;
         }
         Workload::W2 => {
@@ -163,14 +167,18 @@ async fn enqueue_bulk(queue: &Queue, n: u32) -> Result<(), CliError> {
     while next < n {
         let end = (next + BULK_BATCH).min(n);
         let ids = queue.enqueue_bulk((next..end).map(spec).collect()).await?;
-        if ids.len() != (end - next) as usize {
-            return Err(CliError::Failed(format!(
-                "enqueue_bulk returned {} ids for {} jobs",
-                ids.len(),
-                end - next
-            )));
-        }
+        expect_ids(ids.len(), end - next)?;
         next = end;
+    }
+    Ok(())
+}
+
+/// Fails unless an `enqueue_bulk` of `jobs` jobs returned one id per job.
+fn expect_ids(ids: usize, jobs: u32) -> Result<(), CliError> {
+    if ids != jobs as usize {
+        return Err(CliError::Failed(format!(
+            "enqueue_bulk returned {ids} ids for {jobs} jobs"
+        )));
     }
     Ok(())
 }
