@@ -11,6 +11,7 @@
 use super::enqueue::{batch_group, enqueue_one};
 use super::fence::{job_status, release_sql, RELEASE_UNNAMED};
 use super::lease_fence::{output_fence, run_fence};
+use super::one_row::decode;
 use super::{ms, SqliteStore};
 use crate::action::PreparedAction;
 use crate::batch::{
@@ -21,26 +22,34 @@ use crate::claims::Descriptor;
 use crate::error::{Error, Result};
 use crate::store::Lease;
 use chrono::{DateTime, Utc};
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
 /// Bound parameters per worklist row; chunks stay under SQLite's 32,766-parameter limit.
 const PARAMS_PER_ROW: usize = 4;
 const MAX_PARAMS: usize = 32_000;
 
-const LEASE: &str = "UPDATE dockhand_worklist
- SET state = 'leased', lease_owner = ?2, lease_until = ?3
- WHERE parent_id = ?1 AND idx IN (
-     SELECT idx FROM (
-         SELECT idx FROM (SELECT idx FROM dockhand_worklist
-                          WHERE parent_id = ?1 AND state = 'ready' ORDER BY idx LIMIT ?5)
-         UNION ALL
-         SELECT idx FROM (SELECT idx FROM dockhand_worklist
-                          WHERE parent_id = ?1 AND state = 'leased'
-                            AND (lease_until IS NULL OR lease_until <= ?4 OR lease_owner = ?2)
-                          ORDER BY idx LIMIT ?5))
-     ORDER BY idx
-     LIMIT ?5)
- RETURNING parent_id, idx, payload_ref, sidecar, attempts";
+/// The rows a chunk run leases next (binds: 1 parent, 2 owner, 3 now, 4 limit): ready rows
+/// and rows whose lease ended or is the owner's, in index order, read as one row (see
+/// `one_row`) of `[idx, payload_ref, sidecar, attempts]`; [`LEASE`] then leases them.
+const TO_LEASE: &str = "SELECT json_group_array(json_array(idx, payload_ref, sidecar, attempts))
+ FROM (SELECT idx, payload_ref, sidecar, attempts FROM dockhand_worklist
+       WHERE parent_id = ?1 AND idx IN (
+           SELECT idx FROM (SELECT idx FROM dockhand_worklist
+                            WHERE parent_id = ?1 AND state = 'ready' ORDER BY idx LIMIT ?4)
+           UNION ALL
+           SELECT idx FROM (SELECT idx FROM dockhand_worklist
+                            WHERE parent_id = ?1 AND state = 'leased'
+                              AND (lease_until IS NULL OR lease_until <= ?3 OR lease_owner = ?2)
+                            ORDER BY idx LIMIT ?4)
+           ORDER BY idx
+           LIMIT ?4)
+       ORDER BY idx)";
+
+/// Leases the rows [`TO_LEASE`] read (binds: 1 parent, 2 owner, 3 lease end, 4 a JSON array
+/// of their indexes).
+const LEASE: &str =
+    "UPDATE dockhand_worklist SET state = 'leased', lease_owner = ?2, lease_until = ?3
+ WHERE parent_id = ?1 AND idx IN (SELECT value FROM json_each(?4))";
 
 fn no_row(parent: i64, idx: i32) -> Error {
     Error::invalid("idx", format!("job {parent} has no worklist row {idx}"))
@@ -251,31 +260,41 @@ pub(super) async fn lease_work(
         tx.rollback().await.map_err(Error::db("lease_work"))?;
         return Ok(Vec::new());
     }
-    let rows = sqlx::query(LEASE)
+    // Read, then leased: an `UPDATE … RETURNING` answers a row per message (see `one_row`).
+    let rows: String = sqlx::query_scalar(TO_LEASE)
         .bind(parent)
         .bind(chunk_owner(chunk.id))
-        .bind(ms(lease_until))
         .bind(ms(now))
         .bind(limit)
-        .fetch_all(&mut *tx)
+        .fetch_one(&mut *tx)
         .await
         .map_err(Error::db("lease_work"))?;
+    let rows: Vec<(i32, String, String, i32)> = decode(&rows, "worklist rows")?;
+    let idxs: Vec<i32> = rows.iter().map(|r| r.0).collect();
+    if !idxs.is_empty() {
+        sqlx::query(LEASE)
+            .bind(parent)
+            .bind(chunk_owner(chunk.id))
+            .bind(ms(lease_until))
+            .bind(serde_json::to_string(&idxs).map_err(|e| Error::invalid("idx", e.to_string()))?)
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::db("lease_work"))?;
+    }
     tx.commit().await.map_err(Error::db("lease_work"))?;
-    let d = || Error::db("decode worklist row");
     let mut leased = Vec::with_capacity(rows.len());
-    for row in rows {
-        let text: String = row.try_get("sidecar").map_err(d())?;
+    for (idx, payload_ref, text, attempts) in rows {
         let (sidecar, sidecar_error) = match serde_json::from_str::<Vec<Descriptor>>(&text) {
             Ok(s) => (s, None),
             Err(e) => (Vec::new(), Some(e.to_string())),
         };
         leased.push(WorkRow {
-            parent_id: row.try_get("parent_id").map_err(d())?,
-            idx: row.try_get("idx").map_err(d())?,
-            payload_ref: row.try_get("payload_ref").map_err(d())?,
+            parent_id: parent,
+            idx,
+            payload_ref,
             sidecar,
             sidecar_error,
-            attempts: row.try_get("attempts").map_err(d())?,
+            attempts,
         });
     }
     leased.sort_by_key(|r| r.idx);

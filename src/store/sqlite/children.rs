@@ -14,6 +14,7 @@
 
 use super::batch::{discard_row, refusal};
 use super::lease_fence::run_fence;
+use super::one_row::decode;
 use super::{ms, SqliteStore};
 use crate::batch::{sidecar_text_is_malformed, ChildOutcome, ChildSpec, DiscardCause};
 use crate::error::{Error, Result};
@@ -95,32 +96,35 @@ async fn create_in_tx(
             .fetch_optional(&mut *tx)
             .await
             .map_err(Error::db(op))?;
-    let rows: HashMap<i32, (String, String)> = sqlx::query_as::<_, (i32, String, String)>(
-        "SELECT idx, state, sidecar FROM dockhand_worklist
+    // The chunk's rows and the claims it hands over, each read as one row (see `one_row`).
+    let rows: String = sqlx::query_scalar(
+        "SELECT json_group_array(json_array(idx, state, sidecar)) FROM dockhand_worklist
          WHERE parent_id = ? AND idx IN (SELECT value FROM json_each(?))",
     )
     .bind(parent)
     .bind(&idxs)
-    .fetch_all(&mut *tx)
+    .fetch_one(&mut *tx)
     .await
-    .map_err(Error::db(op))?
-    .into_iter()
-    .map(|(idx, state, sidecar)| (idx, (state, sidecar)))
-    .collect();
+    .map_err(Error::db(op))?;
+    let rows: HashMap<i32, (String, String)> =
+        decode::<Vec<(i32, String, String)>>(&rows, "worklist rows")?
+            .into_iter()
+            .map(|(idx, state, sidecar)| (idx, (state, sidecar)))
+            .collect();
     let all_tokens: Vec<&String> = specs.iter().flat_map(|c| &c.claim_tokens).collect();
     // The claims still the parent's; the check holds since this is the one writer. A token
     // handed to an earlier row of this call is no longer the parent's for a later one.
-    let mut held: HashSet<String> = sqlx::query_scalar(
-        "SELECT token FROM dockhand_item_claims INDEXED BY dockhand_item_claims_token
+    let held: String = sqlx::query_scalar(
+        "SELECT json_group_array(token)
+         FROM dockhand_item_claims INDEXED BY dockhand_item_claims_token
          WHERE job_id = ? AND status = 'claimed' AND token IN (SELECT value FROM json_each(?))",
     )
     .bind(parent)
     .bind(json!(all_tokens).to_string())
-    .fetch_all(&mut *tx)
+    .fetch_one(&mut *tx)
     .await
-    .map_err(Error::db(op))?
-    .into_iter()
-    .collect();
+    .map_err(Error::db(op))?;
+    let mut held: HashSet<String> = decode(&held, "claim tokens")?;
     let mut outcomes: Vec<Option<ChildOutcome>> = vec![None; specs.len()];
     let mut create: Vec<(usize, Vec<&String>)> = Vec::new();
     for (at, c) in specs.iter().enumerate() {
@@ -238,26 +242,35 @@ async fn insert_children(
         wanted
             .push(json!({"i": c.idx, "p": c.pipeline, "s": c.step_index, "r": refs, "st": status}));
     }
-    let made: Vec<(i64, i32)> = sqlx::query_as(
+    // The insert, then its ids read as one row (see `one_row`; `RETURNING` answers a row per
+    // message), in one batch: sqlx binds a batch's `?NNN` per statement and stops at a gap, so
+    // both statements use `?1` and `?2` (the insert also `?3`).
+    let made: Vec<String> = sqlx::query_scalar(
         "INSERT INTO dockhand_jobs
             (pipeline, status, step_index, input_refs, engine_data, engine_version, parent_id,
              child_index, created_at, updated_at, item_ref, sidecar)
          SELECT json_extract(j.value, '$.p'), json_extract(j.value, '$.st'),
                 json_extract(j.value, '$.s'),
-                json_extract(j.value, '$.r'), '{}', 0, ?1, w.idx, ?2, ?2, w.payload_ref,
+                json_extract(j.value, '$.r'), '{}', 0, ?1, w.idx, ?3, ?3, w.payload_ref,
                 w.sidecar
-         FROM json_each(?3) j
+         FROM json_each(?2) j
          CROSS JOIN dockhand_worklist w
          WHERE w.parent_id = ?1 AND w.idx = json_extract(j.value, '$.i')
-         ORDER BY j.key
-         RETURNING id, child_index",
+         ORDER BY j.key;
+         SELECT json_group_array(json_array(id, child_index)) FROM dockhand_jobs
+         WHERE parent_id = ?1
+           AND child_index IN (SELECT json_extract(value, '$.i') FROM json_each(?2))",
     )
     .bind(parent)
-    .bind(ms(now))
     .bind(json!(wanted).to_string())
+    .bind(ms(now))
     .fetch_all(&mut *tx)
     .await
     .map_err(Error::db(op))?;
+    let made: Vec<(i64, i32)> = match made.as_slice() {
+        [one] => decode(one, "children")?,
+        _ => Vec::new(),
+    };
     let ids: HashMap<i32, i64> = made.into_iter().map(|(id, idx)| (idx, id)).collect();
     if ids.len() != create.len() {
         return Err(Error::Config(format!(

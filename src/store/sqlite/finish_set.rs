@@ -15,8 +15,9 @@
 
 use super::claims::{config_from, settle};
 use super::finish::{complete_set_sql, log};
-use super::jobs::{job_from_row, JOB_COLUMNS};
+use super::jobs::{job_from_parts, JobParts, JOB_COLUMNS_ARRAY};
 use super::ms;
+use super::one_row::decode;
 use crate::claims::completion::run_in_tx;
 use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identity};
 use crate::error::{Error, Result};
@@ -24,7 +25,7 @@ use crate::jobs::{FinishRequest, Job};
 use crate::store::finish_group::{plan, roll_back_on, Completed, Plan, SetFinished};
 use crate::store::Finish;
 use chrono::{DateTime, Utc};
-use sqlx::{Column, Row, SqliteConnection};
+use sqlx::SqliteConnection;
 use std::collections::{HashMap, HashSet};
 
 fn json<T: serde::Serialize>(v: &T, what: &'static str) -> Result<String> {
@@ -139,44 +140,55 @@ struct ReadSet {
     claims: HashMap<i64, Vec<OwnedClaim>>,
 }
 
-/// Reads the group's jobs and the claims of its succeeding jobs in one batch of
-/// two statements (one hop); a claim row is told from a job row by its first column.
+/// Reads the group's jobs and the claims of its succeeding jobs in one statement that answers
+/// one row: both lists folded into JSON (see `one_row`).
 async fn read_set(tx: &mut SqliteConnection, jobs: &[i64], succeeding: &[i64]) -> Result<ReadSet> {
-    // One JSON parameter for both statements (see [`WRITE_SET`] on sqlx's batch binding).
     let ids = serde_json::json!({ "jobs": jobs, "succeeding": succeeding });
-    let rows = sqlx::query(&format!(
-        "SELECT {JOB_COLUMNS} FROM dockhand_jobs
-         WHERE id IN (SELECT value FROM json_each(?1, '$.jobs'));
-         SELECT id AS claim_id, job_id, scope, source_type, item_id, token, completion
-         FROM dockhand_item_claims
-         WHERE job_id IN (SELECT value FROM json_each(?1, '$.succeeding')) AND status = 'claimed'
-         ORDER BY id"
+    let (job_rows, claim_rows): (String, String) = sqlx::query_as(&format!(
+        "SELECT (SELECT json_group_array({JOB_COLUMNS_ARRAY}) FROM dockhand_jobs
+                 WHERE id IN (SELECT value FROM json_each(?1, '$.jobs'))),
+                (SELECT json_group_array(json_array(id, job_id, scope, source_type, item_id,
+                                                    token, completion))
+                 FROM (SELECT id, job_id, scope, source_type, item_id, token, completion
+                       FROM dockhand_item_claims
+                       WHERE job_id IN (SELECT value FROM json_each(?1, '$.succeeding'))
+                         AND status = 'claimed'
+                       ORDER BY id))"
     ))
     .bind(json(&ids, "job ids")?)
-    .fetch_all(&mut *tx)
+    .fetch_one(&mut *tx)
     .await
     .map_err(Error::db("finish_jobs (read)"))?;
     let mut set = ReadSet {
         jobs: HashMap::with_capacity(jobs.len()),
         claims: HashMap::new(),
     };
-    let d = || Error::db("decode item claim");
-    for row in rows {
-        if row.columns().first().map(|c| c.name()) != Some("claim_id") {
-            let job = job_from_row(&row)?;
-            set.jobs.insert(job.id, job);
-            continue;
-        }
-        let job: i64 = row.try_get("job_id").map_err(d())?;
+    for parts in decode::<Vec<JobParts>>(&job_rows, "jobs")? {
+        let job = job_from_parts(parts)?;
+        set.jobs.insert(job.id, job);
+    }
+    type ClaimParts = (
+        i64,
+        i64,
+        String,
+        String,
+        String,
+        Option<String>,
+        Option<String>,
+    );
+    let mut claims: Vec<ClaimParts> = decode(&claim_rows, "item claims")?;
+    // `json_group_array` keeps its rows' order in practice; the claims are oldest first by rule.
+    claims.sort_by_key(|c| c.0);
+    for (id, job, scope, source_type, item_id, token, completion) in claims {
         set.claims.entry(job).or_default().push(OwnedClaim {
-            id: row.try_get("claim_id").map_err(d())?,
+            id,
             identity: Identity {
-                scope: row.try_get("scope").map_err(d())?,
-                source_type: row.try_get("source_type").map_err(d())?,
-                item_id: row.try_get("item_id").map_err(d())?,
+                scope,
+                source_type,
+                item_id,
             },
-            token: row.try_get("token").map_err(d())?,
-            completion: row.try_get("completion").map_err(d())?,
+            token,
+            completion,
         });
     }
     Ok(set)
@@ -251,7 +263,8 @@ struct Transition<'a> {
 /// object holding every list (`processed`, `deleted` claim ids, `released` job ids, `moves`),
 /// `?2` the time: sqlx binds a batch's `?NNN` parameters per statement and stops at a gap it
 /// cannot fill, so every statement uses `?1` and, when it needs the time, `?2` (no gaps).
-/// Only the status compare-and-swap returns rows (one per job moved).
+/// One row comes back: the status compare-and-swap's count of jobs moved (`changes()` right
+/// after it; a row per job would be a message per job, see `one_row`).
 const WRITE_SET: &str = "
 UPDATE dockhand_item_claims SET status = 'processed', processed_at = ?2, token = NULL
  WHERE id IN (SELECT value FROM json_each(?1, '$.processed'));
@@ -262,8 +275,8 @@ UPDATE dockhand_jobs SET status = m.status, reason = m.reason, finished_at = ?2,
   FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.status') AS status,
                json_extract(value, '$.reason') AS reason, json_extract(value, '$.was') AS was
         FROM json_each(?1, '$.moves')) AS m
- WHERE dockhand_jobs.id = m.id AND dockhand_jobs.status = m.was
- RETURNING dockhand_jobs.id AS moved_id;
+ WHERE dockhand_jobs.id = m.id AND dockhand_jobs.status = m.was;
+SELECT changes();
 INSERT INTO dockhand_job_events (job_id, status, reason, created_at, delivered_at)
  SELECT json_extract(value, '$.id'), json_extract(value, '$.status'),
         json_extract(value, '$.reason'), ?2,
@@ -297,17 +310,19 @@ async fn write_set(
         released,
         moves,
     };
-    let moved: Vec<i64> = sqlx::query_scalar(WRITE_SET)
+    // `fetch_all`: every statement of the batch runs (a stream dropped after its first row
+    // would leave the ones after it unsent).
+    let counts: Vec<i64> = sqlx::query_scalar(WRITE_SET)
         .bind(json(&lists, "finish lists")?)
         .bind(ms(now))
         .fetch_all(&mut *tx)
         .await
         .map_err(Error::db("finish_jobs"))?;
-    if moved.len() != moves.len() {
+    let moved = counts.first().copied().unwrap_or(-1);
+    if counts.len() != 1 || usize::try_from(moved).ok() != Some(moves.len()) {
         // Unreachable under the write lock; never report a write that did not happen.
         return Err(Error::Config(format!(
-            "finish_jobs: {} of {} jobs changed under the write lock",
-            moves.len().saturating_sub(moved.len()),
+            "finish_jobs: {moved} of {} jobs moved under the write lock",
             moves.len()
         )));
     }

@@ -20,34 +20,67 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
 pub(super) const JOB_COLUMNS: &str = "id, pipeline, status, reason, step_index, input_refs,
     engine_version, parent_id, created_at, updated_at, finished_at";
 
+/// [`JOB_COLUMNS`] as one JSON array, for reads folded into one row (see `one_row`); decoded
+/// as [`JobParts`].
+pub(super) const JOB_COLUMNS_ARRAY: &str = "json_array(id, pipeline, status, reason, step_index,
+    input_refs, engine_version, parent_id, created_at, updated_at, finished_at)";
+
+/// A job row's [`JOB_COLUMNS`], in order.
+pub(super) type JobParts = (
+    i64,
+    String,
+    String,
+    Option<String>,
+    i32,
+    String,
+    i64,
+    Option<i64>,
+    i64,
+    i64,
+    Option<i64>,
+);
+
 /// Decodes a job row selected with [`JOB_COLUMNS`].
 pub(super) fn job_from_row(row: &SqliteRow) -> Result<Job> {
     let d = || Error::db("decode job");
-    let id: i64 = row.try_get("id").map_err(d())?;
+    job_from_parts((
+        row.try_get("id").map_err(d())?,
+        row.try_get("pipeline").map_err(d())?,
+        row.try_get("status").map_err(d())?,
+        row.try_get("reason").map_err(d())?,
+        row.try_get("step_index").map_err(d())?,
+        row.try_get("input_refs").map_err(d())?,
+        row.try_get("engine_version").map_err(d())?,
+        row.try_get("parent_id").map_err(d())?,
+        row.try_get("created_at").map_err(d())?,
+        row.try_get("updated_at").map_err(d())?,
+        row.try_get("finished_at").map_err(d())?,
+    ))
+}
+
+/// A job from its row's [`JobParts`].
+pub(super) fn job_from_parts(p: JobParts) -> Result<Job> {
+    let (id, pipeline, status, reason, step_index, refs, engine_version, parent_id) =
+        (p.0, p.1, p.2, p.3, p.4, p.5, p.6, p.7);
     let corrupt = |message: String| Error::Corrupt {
         what: "job",
         id,
         message,
     };
-    let status: String = row.try_get("status").map_err(d())?;
-    let refs: String = row.try_get("input_refs").map_err(d())?;
     Ok(Job {
         id,
-        pipeline: row.try_get("pipeline").map_err(d())?,
+        pipeline,
         status: status
             .parse::<JobStatus>()
             .map_err(|e| corrupt(e.to_string()))?,
-        reason: row.try_get("reason").map_err(d())?,
-        step_index: row.try_get("step_index").map_err(d())?,
+        reason,
+        step_index,
         input_refs: serde_json::from_str(&refs).map_err(|e| corrupt(format!("input_refs: {e}")))?,
-        engine_version: row.try_get("engine_version").map_err(d())?,
-        parent_id: row.try_get("parent_id").map_err(d())?,
-        created_at: from_ms(row.try_get("created_at").map_err(d())?),
-        updated_at: from_ms(row.try_get("updated_at").map_err(d())?),
-        finished_at: row
-            .try_get::<Option<i64>, _>("finished_at")
-            .map_err(d())?
-            .map(from_ms),
+        engine_version,
+        parent_id,
+        created_at: from_ms(p.8),
+        updated_at: from_ms(p.9),
+        finished_at: p.10.map(from_ms),
     })
 }
 

@@ -52,6 +52,7 @@ mod lease_fence;
 pub mod ledger;
 mod limits;
 mod maintenance;
+mod one_row;
 mod packets;
 #[cfg(test)]
 mod plan_tests;

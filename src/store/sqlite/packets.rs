@@ -56,7 +56,8 @@ pub(super) async fn packet_body(store: &SqliteStore, hash: &str) -> Result<Optio
         .map_err(Error::db("packet_body"))
 }
 
-/// The stored bodies of `hashes`, in one statement (the list bound as one JSON array).
+/// The stored bodies of `hashes`, in one statement (the list bound as one JSON array) that
+/// answers one row (see `one_row`): a JSON object of hash to body.
 pub(super) async fn packet_bodies(
     store: &SqliteStore,
     hashes: &[&str],
@@ -67,12 +68,13 @@ pub(super) async fn packet_bodies(
     }
     let list =
         serde_json::to_string(hashes).map_err(|e| Error::invalid("hashes", e.to_string()))?;
-    let rows: Vec<(String, String)> = sqlx::query_as(
-        "SELECT hash, body FROM dockhand_packets WHERE hash IN (SELECT value FROM json_each(?))",
+    let bodies: String = sqlx::query_scalar(
+        "SELECT json_group_object(hash, body) FROM dockhand_packets
+         WHERE hash IN (SELECT value FROM json_each(?))",
     )
     .bind(list)
-    .fetch_all(&store.reader)
+    .fetch_one(&store.reader)
     .await
     .map_err(Error::db(op))?;
-    Ok(rows.into_iter().collect())
+    super::one_row::decode(&bodies, "packet bodies")
 }
