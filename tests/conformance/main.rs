@@ -194,6 +194,7 @@ conformance!(
     ops_bulk_changes_keep_their_guards,
     ops_job_owned_actions_are_refused_by_every_operator_surface,
     ops_cancel_job_stops_what_the_action_cancel_refuses,
+    ops_stopping_a_job_cancels_its_queued_step_action,
     ops_group_overview_counts_and_lag,
     ops_job_pages_and_a_jobs_own_actions,
     ops_claim_pages_and_scopes,

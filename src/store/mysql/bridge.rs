@@ -14,12 +14,13 @@
 use super::claims::{config_from, settle};
 use super::connect::retry_deadlocks;
 use super::fence::child_finished;
+use super::finish::log;
 use super::jobs::{opt_text, read_job, text};
 use super::{ms, MySqlStore};
 use crate::claims::completion::run_in_tx;
 use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identity};
 use crate::error::{Error, Result};
-use crate::jobs::BridgeOutcome;
+use crate::jobs::{step_action_key, BridgeOutcome, STEP_HOOK};
 use crate::state::JobStatus;
 use crate::store::finish_group::{ChildDeltas, InTx};
 use chrono::{DateTime, Utc};
@@ -71,12 +72,61 @@ async fn finish_once(
             return Ok((BridgeOutcome::ClaimCompletionFailed { error }, false));
         }
     };
+    cancel_queued_step(&mut tx, job_id, now).await?;
     let finalize = match (parent, ChildDeltas::of(status)) {
         (Some(parent), Some(deltas)) => child_finished(&mut tx, parent, deltas, now).await?,
         _ => false,
     };
     tx.commit().await.map_err(Error::db(op))?;
     Ok((BridgeOutcome::Finished, finalize))
+}
+
+/// Cancels the job's step action still queued for its current step (an operator's stop, or a
+/// finish that found a retry scheduled), with a `canceled` log entry: left pending, it would
+/// run later only to find its job final. A running one is its step run's; it finishes and
+/// finds the job final at the step boundary. Runs after the job row's lock (lock order: job,
+/// then action); found by its `active_key` (the unique key of an active action).
+async fn cancel_queued_step(
+    tx: &mut MySqlConnection,
+    job_id: i64,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let op = "finish_job (queued step action)";
+    let step: Option<i32> = sqlx::query_scalar("SELECT step_index FROM dockhand_jobs WHERE id = ?")
+        .bind(job_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
+    let Some(step) = step else {
+        return Ok(());
+    };
+    let queued: Option<i64> = sqlx::query_scalar(
+        "SELECT id FROM dockhand_actions
+         WHERE active_key = ? AND status = 'pending' AND hook = ? FOR UPDATE",
+    )
+    .bind(step_action_key(job_id, step))
+    .bind(STEP_HOOK)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    let Some(id) = queued else {
+        return Ok(());
+    };
+    let done = sqlx::query(
+        "UPDATE dockhand_actions SET status = 'canceled', finished_at = ?,
+             lease_owner = NULL, lease_until = NULL, active_key = NULL
+         WHERE id = ? AND status = 'pending'",
+    )
+    .bind(ms(now))
+    .bind(id)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    if done.rows_affected() == 1 {
+        let detail = format!("job {job_id} finished");
+        log(&mut *tx, id, now, "canceled", Some(detail)).await?;
+    }
+    Ok(())
 }
 
 /// One job's bridge transition on the open transaction: the job row locked, claims completed

@@ -15,6 +15,7 @@
 
 use super::claims::{decode_completion, settle};
 use super::enqueue::{batch_group, enqueue_one};
+use super::finish::log;
 use super::{ts, PgStore};
 use crate::batch::finalize_action;
 use crate::claims::completion::run_in_tx;
@@ -22,7 +23,7 @@ use crate::claims::{
     CompletionConfig, CompletionContext, CompletionRegistry, CompletionTx, Identity,
 };
 use crate::error::{Error, Result};
-use crate::jobs::BridgeOutcome;
+use crate::jobs::{step_action_key, BridgeOutcome, STEP_HOOK};
 use crate::state::JobStatus;
 use crate::store::finish_group::{ChildDeltas, InTx};
 use crate::store::rerun::rerun_transaction;
@@ -76,6 +77,7 @@ async fn finish_once(
             return Ok(BridgeOutcome::ClaimCompletionFailed { error });
         }
     };
+    cancel_queued_step(&mut tx, job_id, now).await?;
     let finalize = match parent {
         Some(parent) => {
             let deltas = ChildDeltas::of(status).ok_or_else(|| {
@@ -93,6 +95,42 @@ async fn finish_once(
         store.wake.notify();
     }
     Ok(BridgeOutcome::Finished)
+}
+
+/// Cancels the job's step action still queued for its current step (an operator's stop, or a
+/// finish that found a retry scheduled), with a `canceled` log entry: left pending, it would
+/// run later only to find its job final. A running one is its step run's; it finishes and
+/// finds the job final at the step boundary. Runs after the job row's lock (lock order: job,
+/// then action).
+async fn cancel_queued_step(tx: &mut PgConnection, job_id: i64, now: DateTime<Utc>) -> Result<()> {
+    let op = "finish_job (queued step action)";
+    let step: Option<i32> =
+        sqlx::query_scalar("SELECT step_index FROM dockhand_jobs WHERE id = $1")
+            .bind(job_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(Error::db(op))?;
+    let Some(step) = step else {
+        return Ok(());
+    };
+    let canceled: Option<i64> = sqlx::query_scalar(
+        "UPDATE dockhand_actions SET status = 'canceled', finished_at = $1,
+             lease_owner = NULL, lease_until = NULL
+         WHERE unique_key = $2 AND status IN ('pending', 'running') AND status = 'pending'
+           AND hook = $3
+         RETURNING id",
+    )
+    .bind(ts(now))
+    .bind(step_action_key(job_id, step))
+    .bind(STEP_HOOK)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
+    if let Some(id) = canceled {
+        let detail = format!("job {job_id} finished");
+        log(&mut *tx, id, now, "canceled", Some(detail)).await?;
+    }
+    Ok(())
 }
 
 /// One job's bridge transition on the open transaction: the job row locked, claims completed

@@ -133,3 +133,51 @@ pub async fn ops_cancel_job_stops_what_the_action_cancel_refuses(db: TestDb) {
     assert!(active.is_empty(), "no active step action: {active:?}");
     assert_clean(&rt).await;
 }
+
+/// Stopping a job (cancel or manual fail) cancels the step action still queued for it in the
+/// bridge's transaction, with a log entry naming the job, instead of leaving it pending to
+/// run later only to find its job final (a known gap until session 26). The step actions of
+/// jobs nobody stopped are left alone.
+pub async fn ops_stopping_a_job_cancels_its_queued_step_action(db: TestDb) {
+    let rt = runtime(&db, db.store.clone(), batch_pipeline(3, 10, ok_child)).await;
+    let step_of = |job: i64| {
+        let rt = &rt;
+        async move {
+            actions(rt, STEP_HOOK)
+                .await
+                .into_iter()
+                .find(|a| a.args["job"] == json!(job))
+                .expect("the job's step action")
+        }
+    };
+    let left = rt.jobs().start("batch", json!({})).await.unwrap();
+    for manual_fail in [false, true] {
+        let job = rt.jobs().start("batch", json!({})).await.unwrap();
+        let step = step_of(job).await;
+        assert_eq!(step.status, ActionStatus::Pending);
+        if manual_fail {
+            rt.jobs().manual_fail(job, None).await.unwrap();
+        } else {
+            rt.jobs().cancel(job).await.unwrap();
+        }
+        let after = rt.queue().get(step.id).await.unwrap();
+        assert_eq!(
+            after.status,
+            ActionStatus::Canceled,
+            "the stopped job's queued step action (manual fail: {manual_fail})"
+        );
+        let logs = rt.queue().logs(step.id).await.unwrap();
+        assert!(
+            logs.iter().any(|l| l.event == "canceled"
+                && l.detail.as_deref() == Some(format!("job {job} finished").as_str())),
+            "{logs:?}"
+        );
+    }
+    assert_eq!(step_of(left).await.status, ActionStatus::Pending);
+    rt.drain(100).await.unwrap();
+    assert_eq!(
+        rt.jobs().get(left).await.unwrap().status,
+        JobStatus::Completed
+    );
+    assert_clean(&rt).await;
+}
