@@ -18,6 +18,9 @@ pub(crate) enum InTx {
     Finished {
         /// The job's batch parent.
         parent: Option<i64>,
+        /// The step it finished at (the key of a step action still queued for it:
+        /// [`crate::jobs::step_action_key`]).
+        step: i32,
     },
     /// The job was final already: nothing written.
     AlreadyFinal {
@@ -77,7 +80,7 @@ impl GroupOutcomes {
         done: Result<InTx>,
     ) -> Result<Option<RollBack>> {
         let outcome = match done {
-            Ok(InTx::Finished { parent }) => {
+            Ok(InTx::Finished { parent, .. }) => {
                 if let Some(parent) = parent {
                     self.tally.add(parent, req.status);
                 }
@@ -197,6 +200,7 @@ pub(crate) fn plan<'a>(
         moved.insert(r.job_id, (r.status, r.reason.clone()));
         let finished = InTx::Finished {
             parent: job.parent_id,
+            step: job.step_index,
         };
         group.record(i, r, Ok(finished))?;
     }
@@ -338,7 +342,14 @@ mod tests {
             req(3, JobStatus::Failed),
             req(5, JobStatus::Completed),
         );
-        let done = g.record(1, &b, Ok(InTx::Finished { parent: Some(1) }));
+        let done = g.record(
+            1,
+            &b,
+            Ok(InTx::Finished {
+                parent: Some(1),
+                step: 0,
+            }),
+        );
         assert!(done.unwrap().is_none());
         g.lease_lost(2, Lease { id: 40, token: 2 });
         let final_ = InTx::AlreadyFinal {

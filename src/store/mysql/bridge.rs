@@ -62,7 +62,10 @@ async fn finish_once(
     let op = "finish_job";
     let mut tx = store.begin(op).await?;
     let parent = match finish_in_tx(&mut tx, job_id, status, reason, completions, now).await? {
-        InTx::Finished { parent } => parent,
+        InTx::Finished { parent, step } => {
+            cancel_queued_step(&mut tx, job_id, step, now).await?;
+            parent
+        }
         InTx::AlreadyFinal { status, reason } => {
             tx.rollback().await.map_err(Error::db(op))?;
             return Ok((BridgeOutcome::AlreadyFinal { status, reason }, false));
@@ -72,7 +75,6 @@ async fn finish_once(
             return Ok((BridgeOutcome::ClaimCompletionFailed { error }, false));
         }
     };
-    cancel_queued_step(&mut tx, job_id, now).await?;
     let finalize = match (parent, ChildDeltas::of(status)) {
         (Some(parent), Some(deltas)) => child_finished(&mut tx, parent, deltas, now).await?,
         _ => false,
@@ -89,17 +91,10 @@ async fn finish_once(
 async fn cancel_queued_step(
     tx: &mut MySqlConnection,
     job_id: i64,
+    step: i32,
     now: DateTime<Utc>,
 ) -> Result<()> {
     let op = "finish_job (queued step action)";
-    let step: Option<i32> = sqlx::query_scalar("SELECT step_index FROM dockhand_jobs WHERE id = ?")
-        .bind(job_id)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(Error::db(op))?;
-    let Some(step) = step else {
-        return Ok(());
-    };
     let queued: Option<i64> = sqlx::query_scalar(
         "SELECT id FROM dockhand_actions
          WHERE active_key = ? AND status = 'pending' AND hook = ? FOR UPDATE",
@@ -202,6 +197,7 @@ pub(super) async fn finish_in_tx(
     .map_err(Error::db("finish_job (event)"))?;
     Ok(InTx::Finished {
         parent: job.parent_id,
+        step: job.step_index,
     })
 }
 

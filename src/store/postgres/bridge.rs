@@ -67,7 +67,10 @@ async fn finish_once(
     let op = "finish_job";
     let mut tx = store.begin(op).await?;
     let parent = match finish_in_tx(&mut tx, job_id, status, reason, completions, now).await? {
-        InTx::Finished { parent } => parent,
+        InTx::Finished { parent, step } => {
+            cancel_queued_step(&mut tx, job_id, step, now).await?;
+            parent
+        }
         InTx::AlreadyFinal { status, reason } => {
             tx.rollback().await.map_err(Error::db(op))?;
             return Ok(BridgeOutcome::AlreadyFinal { status, reason });
@@ -77,7 +80,6 @@ async fn finish_once(
             return Ok(BridgeOutcome::ClaimCompletionFailed { error });
         }
     };
-    cancel_queued_step(&mut tx, job_id, now).await?;
     let finalize = match parent {
         Some(parent) => {
             let deltas = ChildDeltas::of(status).ok_or_else(|| {
@@ -102,17 +104,13 @@ async fn finish_once(
 /// run later only to find its job final. A running one is its step run's; it finishes and
 /// finds the job final at the step boundary. Runs after the job row's lock (lock order: job,
 /// then action).
-async fn cancel_queued_step(tx: &mut PgConnection, job_id: i64, now: DateTime<Utc>) -> Result<()> {
+async fn cancel_queued_step(
+    tx: &mut PgConnection,
+    job_id: i64,
+    step: i32,
+    now: DateTime<Utc>,
+) -> Result<()> {
     let op = "finish_job (queued step action)";
-    let step: Option<i32> =
-        sqlx::query_scalar("SELECT step_index FROM dockhand_jobs WHERE id = $1")
-            .bind(job_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(Error::db(op))?;
-    let Some(step) = step else {
-        return Ok(());
-    };
     let canceled: Option<i64> = sqlx::query_scalar(
         "UPDATE dockhand_actions SET status = 'canceled', finished_at = $1,
              lease_owner = NULL, lease_until = NULL
@@ -146,12 +144,13 @@ pub(super) async fn finish_in_tx(
     now: DateTime<Utc>,
 ) -> Result<InTx> {
     let op = "finish_job";
-    let row =
-        sqlx::query("SELECT status, reason, parent_id FROM dockhand_jobs WHERE id = $1 FOR UPDATE")
-            .bind(job_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(Error::db(op))?;
+    let row = sqlx::query(
+        "SELECT status, reason, parent_id, step_index FROM dockhand_jobs WHERE id = $1 FOR UPDATE",
+    )
+    .bind(job_id)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db(op))?;
     let Some(row) = row else {
         return Err(Error::NotFound {
             what: "job",
@@ -217,7 +216,8 @@ pub(super) async fn finish_in_tx(
     .await
     .map_err(Error::db("finish_job (event)"))?;
     let parent: Option<i64> = row.try_get("parent_id").map_err(Error::db(op))?;
-    Ok(InTx::Finished { parent })
+    let step: i32 = row.try_get("step_index").map_err(Error::db(op))?;
+    Ok(InTx::Finished { parent, step })
 }
 
 /// Counts finished children of `parent` (one, or a group's, summed in `deltas`) on the
