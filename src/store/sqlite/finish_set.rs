@@ -15,7 +15,7 @@
 
 use super::claims::{config_from, settle};
 use super::finish::{complete_set_sql, log};
-use super::jobs::{job_from_parts, JobParts, JOB_COLUMNS_ARRAY};
+use super::jobs::{job_from_parts, JobParts, JOB_COLUMNS};
 use super::ms;
 use super::one_row::decode;
 use crate::claims::completion::run_in_tx;
@@ -145,7 +145,7 @@ struct ReadSet {
 async fn read_set(tx: &mut SqliteConnection, jobs: &[i64], succeeding: &[i64]) -> Result<ReadSet> {
     let ids = serde_json::json!({ "jobs": jobs, "succeeding": succeeding });
     let (job_rows, claim_rows): (String, String) = sqlx::query_as(&format!(
-        "SELECT (SELECT json_group_array({JOB_COLUMNS_ARRAY}) FROM dockhand_jobs
+        "SELECT (SELECT json_group_array(json_array({JOB_COLUMNS})) FROM dockhand_jobs
                  WHERE id IN (SELECT value FROM json_each(?1, '$.jobs'))),
                 (SELECT json_group_array(json_array(id, job_id, scope, source_type, item_id,
                                                     token, completion))

@@ -20,12 +20,8 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
 pub(super) const JOB_COLUMNS: &str = "id, pipeline, status, reason, step_index, input_refs,
     engine_version, parent_id, created_at, updated_at, finished_at";
 
-/// [`JOB_COLUMNS`] as one JSON array, for reads folded into one row (see `one_row`); decoded
-/// as [`JobParts`].
-pub(super) const JOB_COLUMNS_ARRAY: &str = "json_array(id, pipeline, status, reason, step_index,
-    input_refs, engine_version, parent_id, created_at, updated_at, finished_at)";
-
-/// A job row's [`JOB_COLUMNS`], in order.
+/// A job row's [`JOB_COLUMNS`], in order (a read folded into one row selects them as
+/// `json_array(JOB_COLUMNS)`, see `one_row`).
 pub(super) type JobParts = (
     i64,
     String,
