@@ -188,8 +188,8 @@ impl Queue {
 
     /// Cancels a pending or running action; false if it was already final. A pending or
     /// running action a job owns (its step, finish, chunk or finalize action) is refused with
-    /// [`Error::OwnedByJob`] naming the job: cancel the job instead ([`crate::Jobs::cancel`]).
-    /// The refusal is the store's ([`crate::Store::cancel`]); only when it changed nothing is
+    /// [`Error::OwnedByJob`] naming the job: cancel the job instead ([`crate::Jobs::cancel`]);
+    /// one whose args name no job (foreign or corrupt data) with [`Error::Corrupt`]. The refusal is the store's ([`crate::Store::cancel`]); only when it changed nothing is
     /// the action read, to say why.
     pub async fn cancel(&self, id: i64) -> Result<bool> {
         if self.store.cancel(id, self.clock.now()).await? {
@@ -202,6 +202,16 @@ impl Queue {
                         action_id: id,
                         hook: a.hook,
                         job_id,
+                    }),
+                    // The store refused a job-owned hook whose args do not say whose it is.
+                    None if JOB_OWNED_HOOKS.contains(&a.hook.as_str()) => Err(Error::Corrupt {
+                        what: "action",
+                        id,
+                        message: format!(
+                            "`{}` is a job's own action, so it is not canceled, but its args \
+                             name no job ({}): cancel its job instead",
+                            a.hook, a.args
+                        ),
                     }),
                     None => Ok(false),
                 }

@@ -437,15 +437,18 @@ impl Engine {
             }
             let before = delivered;
             if !self.hooks.any() {
-                // Nothing to run: the page is marked delivered with one write.
+                // Nothing to run: the page is marked delivered with one write, which marks
+                // nothing once a listener holds the lease (this runtime's view of it can be a
+                // tick old).
                 let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
                 delivered += self
                     .store
-                    .mark_events_delivered(&ids, self.clock.now())
+                    .mark_events_unheard(&ids, self.clock.now())
                     .await? as usize;
                 if delivered == before {
-                    // Every event of the page was marked by someone else since it was read
-                    // (or the read saw an older snapshot): the next sweep reads again,
+                    // A listener holds the lease now, or every event of the page was marked by
+                    // someone else since it was read (or the read saw an older snapshot): the
+                    // next sweep reads again,
                     // rather than this one re-reading the same page without end.
                     return Ok(delivered);
                 }

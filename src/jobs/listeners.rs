@@ -12,8 +12,11 @@
 //! - while no one does, there is nobody to hear them: its step runs write their events
 //!   delivered in the finishing transaction, and its sweep marks the others delivered.
 //!
-//! The view of a runtime with no hook is at most one maintenance tick old: events its step runs
-//! finish in the tick after a listener first starts are not heard by it.
+//! The view of a runtime with no hook is at most one maintenance tick old, so it only permits:
+//! the statement that writes an event delivered (a step run's finish, the sweep's mark) reads
+//! the lease itself and writes the event undelivered while anyone holds it. A listener hears
+//! every event whose finish commits after its lease does (on PostgreSQL, whose statement
+//! began after; MariaDB's read locks the lease row).
 
 use crate::clock::Clock;
 use crate::error::Result;

@@ -288,8 +288,10 @@ pub struct FinishRequest {
     pub superseded: Option<Superseded>,
     /// The lifecycle event is written already delivered (J5): set by a runtime that registers
     /// no lifecycle hook, which has nothing to run for it and would otherwise mark it
-    /// delivered unheard with a write of its own (the outbox sweep). Operator tools, which
-    /// leave events for a runtime's hooks, never set it.
+    /// delivered unheard with a write of its own (the outbox sweep). The store writes it
+    /// delivered only while no runtime holds the listeners' lease, read in the finishing
+    /// transaction ([`crate::jobs::listeners`]). Operator tools, which leave events for a
+    /// runtime's hooks, never set it.
     pub event_delivered: bool,
 }
 

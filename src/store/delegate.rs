@@ -305,15 +305,15 @@ macro_rules! delegate_store {
                     self.inner.undelivered_events(limit)
                 )
             }
-            async fn mark_events_delivered(
+            async fn mark_events_unheard(
                 &self,
                 event_ids: &[i64],
                 now: DateTime<Utc>,
             ) -> Result<u64> {
                 $around!(
                     self,
-                    "mark_events_delivered",
-                    self.inner.mark_events_delivered(event_ids, now)
+                    "mark_events_unheard",
+                    self.inner.mark_events_unheard(event_ids, now)
                 )
             }
             async fn mark_event_delivered(

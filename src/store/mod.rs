@@ -393,17 +393,12 @@ pub trait Store: Send + Sync + 'static {
     /// Marks an event delivered; false if it already was.
     async fn mark_event_delivered(&self, event_id: i64, now: DateTime<Utc>) -> Result<bool>;
 
-    /// Marks several events delivered at once (one statement where the backend overrides
-    /// this); returns how many were not delivered before.
-    async fn mark_events_delivered(&self, event_ids: &[i64], now: DateTime<Utc>) -> Result<u64> {
-        let mut marked = 0;
-        for &id in event_ids {
-            if self.mark_event_delivered(id, now).await? {
-                marked += 1;
-            }
-        }
-        Ok(marked)
-    }
+    /// Marks events delivered unheard, for a runtime with no lifecycle hook while no runtime
+    /// listens ([`crate::jobs::listeners`]): in one statement, and only while no runtime holds
+    /// the listeners' lease ([`crate::jobs::listeners::LISTENERS_TASK`]) at `now`, read in
+    /// that statement (a runtime's own view of the lease can be a maintenance tick old).
+    /// Returns how many were marked (0 when someone listens).
+    async fn mark_events_unheard(&self, event_ids: &[i64], now: DateTime<Utc>) -> Result<u64>;
 
     // ----- packets (E3) -----------------------------------------------------------------
 

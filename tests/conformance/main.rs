@@ -92,6 +92,7 @@ conformance!(
     grouped_finish_writes_an_event_delivered_when_asked,
     runtime_without_hooks_leaves_no_event_to_sweep,
     a_runtime_without_hooks_leaves_events_to_a_listening_runtime,
+    a_listener_that_starts_after_a_silent_runtime_looked_hears_its_events,
     s_t1_every_final_route_passes_the_bridge_once,
     s_t2_finishing_a_final_job_again,
     s_t3_crash_before_delivery_replays_once,

@@ -6,6 +6,7 @@ use super::connect::retry_deadlocks;
 use super::jobs::{opt_text, text};
 use super::{from_ms, ms, MySqlStore};
 use crate::error::{Error, Result};
+use crate::jobs::listeners::LISTENERS_TASK;
 use crate::jobs::JobEvent;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -65,12 +66,12 @@ pub(super) async fn mark_event_delivered(
     .await
 }
 
-pub(super) async fn mark_events_delivered(
+pub(super) async fn mark_events_unheard(
     store: &MySqlStore,
     event_ids: &[i64],
     now: DateTime<Utc>,
 ) -> Result<u64> {
-    let op = "mark_events_delivered";
+    let op = "mark_events_unheard";
     if event_ids.is_empty() {
         return Ok(0);
     }
@@ -78,7 +79,14 @@ pub(super) async fn mark_events_delivered(
         let mut qb: sqlx::QueryBuilder<sqlx::MySql> =
             sqlx::QueryBuilder::new("UPDATE dockhand_job_events SET delivered_at = ");
         qb.push_bind(ms(now))
-            .push(" WHERE delivered_at IS NULL AND id");
+            .push(
+                " WHERE NOT EXISTS (SELECT 1 FROM dockhand_maintenance_leases
+                   WHERE task = ",
+            )
+            .push_bind(LISTENERS_TASK.as_bytes())
+            .push(" AND until > ")
+            .push_bind(ms(now))
+            .push(") AND delivered_at IS NULL AND id");
         push_in(&mut qb, event_ids);
         let done = qb
             .build()

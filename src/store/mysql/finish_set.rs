@@ -24,6 +24,7 @@ use super::ms;
 use crate::claims::completion::run_in_tx;
 use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identity};
 use crate::error::{Error, Result};
+use crate::jobs::listeners::LISTENERS_TASK;
 use crate::jobs::{FinishRequest, Job};
 use crate::store::finish_group::{all_moved, plan, roll_back_on, Completed, Plan, SetFinished};
 use crate::store::{Finish, FinishResult, Lease};
@@ -272,6 +273,10 @@ async fn write_set(
             .map_err(Error::db(op))?
             .rows_affected();
     }
+    // An event is written delivered only if its request says so (the runtime's view of the
+    // listeners' lease, up to a maintenance tick old) and no runtime holds that lease now: a
+    // locking read sees the latest lease and holds it until this transaction commits.
+    let unheard = !events.iter().any(|e| e.3) || !listened(tx, now).await?;
     if !events.is_empty() {
         // As the single path: an event row already there describes no finish that happened
         // (one per job, written only on the move to final), so it is replaced: undelivered, or
@@ -284,7 +289,7 @@ async fn write_set(
                 .push_bind(*status)
                 .push_bind(reason.as_deref())
                 .push_bind(ms(now))
-                .push_bind(delivered.then(|| ms(now)));
+                .push_bind((*delivered && unheard).then(|| ms(now)));
         });
         qb.push(
             " ON DUPLICATE KEY UPDATE status = VALUES(status), reason = VALUES(reason),
@@ -296,6 +301,20 @@ async fn write_set(
             .map_err(Error::db("finish_jobs (events)"))?;
     }
     Ok(moved)
+}
+
+/// Whether a runtime holds the listeners' lease at `now` (a locking read, see `write_set`).
+async fn listened(tx: &mut MySqlConnection, now: DateTime<Utc>) -> Result<bool> {
+    let held: Option<i64> = sqlx::query_scalar(
+        "SELECT 1 FROM dockhand_maintenance_leases WHERE task = ? AND until > ?
+         LOCK IN SHARE MODE",
+    )
+    .bind(LISTENERS_TASK.as_bytes())
+    .bind(ms(now))
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::db("finish_jobs (listeners)"))?;
+    Ok(held.is_some())
 }
 
 /// The group's part of a [`crate::Store::finish_jobs`] transaction, set-based (module docs).

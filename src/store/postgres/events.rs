@@ -4,6 +4,7 @@
 use super::jobs::DEFAULT_LIMIT;
 use super::{ts, PgStore};
 use crate::error::{Error, Result};
+use crate::jobs::listeners::LISTENERS_TASK;
 use crate::jobs::JobEvent;
 use crate::state::JobStatus;
 use chrono::{DateTime, Utc};
@@ -58,7 +59,7 @@ pub(super) async fn mark_event_delivered(
     Ok(done.rows_affected() == 1)
 }
 
-pub(super) async fn mark_events_delivered(
+pub(super) async fn mark_events_unheard(
     store: &PgStore,
     event_ids: &[i64],
     now: DateTime<Utc>,
@@ -68,12 +69,15 @@ pub(super) async fn mark_events_delivered(
     }
     let done = sqlx::query(
         "UPDATE dockhand_job_events SET delivered_at = $2
-         WHERE id = ANY($1) AND delivered_at IS NULL",
+         WHERE id = ANY($1) AND delivered_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM dockhand_maintenance_leases
+                           WHERE task = $3 AND until > $2)",
     )
     .bind(event_ids)
     .bind(ts(now))
+    .bind(LISTENERS_TASK)
     .execute(&store.pool)
     .await
-    .map_err(Error::db("mark_events_delivered"))?;
+    .map_err(Error::db("mark_events_unheard"))?;
     Ok(done.rows_affected())
 }

@@ -20,6 +20,7 @@ use super::ts;
 use crate::claims::completion::run_in_tx;
 use crate::claims::{CompletionRegistry, CompletionTx};
 use crate::error::{Error, Result};
+use crate::jobs::listeners::LISTENERS_TASK;
 use crate::jobs::{FinishRequest, Job};
 use crate::store::finish_group::{all_moved, plan, roll_back_on, Completed, Plan, SetFinished};
 use crate::store::{Finish, Lease};
@@ -212,7 +213,10 @@ struct Moves {
 /// The group's writes in one statement: the settles, the releases, the status
 /// compare-and-swaps and the events, as data-modifying CTEs (each touches rows no other one
 /// does: the succeeding jobs' claims, the failing jobs' claims, the jobs, their events; each
-/// runs to completion whether or not the final SELECT reads it). Returns how many jobs moved.
+/// runs to completion whether or not the final SELECT reads it). An event is written delivered
+/// only if its request says so ([`FinishRequest::event_delivered`], the runtime's view of the
+/// listeners' lease, up to a maintenance tick old) and the statement finds that lease unheld.
+/// Returns how many jobs moved.
 async fn write_set(
     tx: &mut PgConnection,
     settles: &Settles,
@@ -240,7 +244,12 @@ async fn write_set(
              RETURNING j.id),
          events AS (
              INSERT INTO dockhand_job_events (job_id, status, reason, created_at, delivered_at)
-             SELECT m.id, m.status, m.reason, $1, CASE WHEN m.delivered THEN $1 END FROM m
+             SELECT m.id, m.status, m.reason, $1,
+                    CASE WHEN m.delivered AND NOT EXISTS (
+                             SELECT 1 FROM dockhand_maintenance_leases
+                             WHERE task = $10 AND until > $1)
+                         THEN $1 END
+             FROM m
              ON CONFLICT (job_id) DO UPDATE SET status = EXCLUDED.status,
                  reason = EXCLUDED.reason, created_at = EXCLUDED.created_at,
                  delivered_at = EXCLUDED.delivered_at
@@ -256,6 +265,7 @@ async fn write_set(
     .bind(&moves.reasons)
     .bind(&moves.was)
     .bind(&moves.delivered)
+    .bind(LISTENERS_TASK)
     .fetch_one(&mut *tx)
     .await
     .map_err(Error::db("finish_jobs"))?;

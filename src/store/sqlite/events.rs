@@ -3,6 +3,7 @@
 
 use super::{from_ms, ms, SqliteStore};
 use crate::error::{Error, Result};
+use crate::jobs::listeners::LISTENERS_TASK;
 use crate::jobs::JobEvent;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -62,12 +63,12 @@ pub(super) async fn mark_event_delivered(
     Ok(done.rows_affected() == 1)
 }
 
-pub(super) async fn mark_events_delivered(
+pub(super) async fn mark_events_unheard(
     store: &SqliteStore,
     event_ids: &[i64],
     now: DateTime<Utc>,
 ) -> Result<u64> {
-    let op = "mark_events_delivered";
+    let op = "mark_events_unheard";
     if event_ids.is_empty() {
         return Ok(0);
     }
@@ -75,11 +76,14 @@ pub(super) async fn mark_events_delivered(
         serde_json::to_string(event_ids).map_err(|e| Error::invalid("event_ids", e.to_string()))?;
     let mut tx = store.begin_write(op).await?;
     let done = sqlx::query(
-        "UPDATE dockhand_job_events SET delivered_at = ?
-         WHERE id IN (SELECT value FROM json_each(?)) AND delivered_at IS NULL",
+        "UPDATE dockhand_job_events SET delivered_at = ?1
+         WHERE id IN (SELECT value FROM json_each(?2)) AND delivered_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM dockhand_maintenance_leases
+                           WHERE task = ?3 AND until > ?1)",
     )
     .bind(ms(now))
     .bind(ids)
+    .bind(LISTENERS_TASK)
     .execute(&mut *tx)
     .await
     .map_err(Error::db(op))?;

@@ -21,6 +21,7 @@ use super::one_row::decode;
 use crate::claims::completion::run_in_tx;
 use crate::claims::{CompletionContext, CompletionRegistry, CompletionTx, Identity};
 use crate::error::{Error, Result};
+use crate::jobs::listeners::LISTENERS_TASK;
 use crate::jobs::{FinishRequest, Job};
 use crate::store::finish_group::{plan, roll_back_on, Completed, Plan, SetFinished};
 use crate::store::Finish;
@@ -261,7 +262,9 @@ struct Transition<'a> {
 /// The group's writes: each kind one statement, all of them sent as one batch (one hop to
 /// the writer's worker thread; an empty list makes its statement a no-op). `?1` is one JSON
 /// object holding every list (`processed`, `deleted` claim ids, `released` job ids, `moves`),
-/// `?2` the time: sqlx binds a batch's `?NNN` parameters per statement and stops at a gap it
+/// `?2` the time (the object also names the listeners' lease, which an event written delivered
+/// must find unheld: [`FinishRequest::event_delivered`] is the runtime's view of it, up to a
+/// maintenance tick old); sqlx binds a batch's `?NNN` parameters per statement and stops at a gap it
 /// cannot fill, so every statement uses `?1` and, when it needs the time, `?2` (no gaps).
 /// One row comes back: the status compare-and-swap's count of jobs moved (`changes()` right
 /// after it; a row per job would be a message per job, see `one_row`).
@@ -280,7 +283,10 @@ SELECT changes();
 INSERT INTO dockhand_job_events (job_id, status, reason, created_at, delivered_at)
  SELECT json_extract(value, '$.id'), json_extract(value, '$.status'),
         json_extract(value, '$.reason'), ?2,
-        CASE WHEN json_extract(value, '$.delivered') THEN ?2 END
+        CASE WHEN json_extract(value, '$.delivered')
+                  AND NOT EXISTS (SELECT 1 FROM dockhand_maintenance_leases
+                                  WHERE task = json_extract(?1, '$.listeners') AND until > ?2)
+             THEN ?2 END
  FROM json_each(?1, '$.moves') WHERE true
  ON CONFLICT (job_id) DO UPDATE SET status = excluded.status,
      reason = excluded.reason, created_at = excluded.created_at,
@@ -303,12 +309,14 @@ async fn write_set(
         deleted: &'a [i64],
         released: &'a [i64],
         moves: &'a [Transition<'a>],
+        listeners: &'static str,
     }
     let lists = Lists {
         processed: &settles.processed,
         deleted: &settles.deleted,
         released,
         moves,
+        listeners: LISTENERS_TASK,
     };
     // `fetch_all`: every statement of the batch runs (a stream dropped after its first row
     // would leave the ones after it unsent).

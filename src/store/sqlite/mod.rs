@@ -410,8 +410,8 @@ impl Store for SqliteStore {
         events::mark_event_delivered(self, event_id, now).await
     }
 
-    async fn mark_events_delivered(&self, event_ids: &[i64], now: DateTime<Utc>) -> Result<u64> {
-        events::mark_events_delivered(self, event_ids, now).await
+    async fn mark_events_unheard(&self, event_ids: &[i64], now: DateTime<Utc>) -> Result<u64> {
+        events::mark_events_unheard(self, event_ids, now).await
     }
 
     async fn put_packets(&self, packets: &[EncodedPacket], now: DateTime<Utc>) -> Result<()> {

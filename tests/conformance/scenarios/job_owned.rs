@@ -31,6 +31,26 @@ pub async fn ops_job_owned_actions_are_refused_by_every_operator_surface(db: Tes
     }
     assert!(!db.store.cancel(step.id, now).await.unwrap());
 
+    // A job-owned action whose args name no job (foreign or corrupt data) is still refused, with
+    // an error naming the action, not answered "already final".
+    let before = step.args.clone();
+    db.exec_sql(&format!(
+        "UPDATE dockhand_actions SET args = '{{\"job\": \"x\"}}' WHERE id = {}",
+        step.id
+    ))
+    .await;
+    match q.cancel(step.id).await {
+        Err(e @ Error::Corrupt { id, .. }) if id == step.id => {
+            assert!(e.to_string().contains("name no job"), "{e}")
+        }
+        other => panic!("cancel of a step action with malformed args: {other:?}"),
+    }
+    db.exec_sql(&format!(
+        "UPDATE dockhand_actions SET args = '{before}' WHERE id = {}",
+        step.id
+    ))
+    .await;
+
     // Bulk cancel and delete skip it; a user action in the same list is canceled.
     let user = q
         .enqueue(ActionSpec::new("user.work", json!(1)))

@@ -95,3 +95,41 @@ pub async fn a_runtime_without_hooks_leaves_events_to_a_listening_runtime(db: Te
     assert_eq!(events(&db, parent).await, vec![5, 0]);
     assert_eq!(heard.load(Ordering::SeqCst), 5, "nothing more was heard");
 }
+
+/// A listener that starts after a silent runtime last read the listeners' lease (the silent
+/// runtime's view says no one listens, up to a maintenance tick old) still hears that runtime's
+/// events: its step runs' finishes and its sweep read the lease in the statements that would
+/// write the events delivered, and leave them undelivered.
+pub async fn a_listener_that_starts_after_a_silent_runtime_looked_hears_its_events(db: TestDb) {
+    let silent = runtime(&db, db.store.clone(), batch_pipeline(4, 10, ok_child)).await;
+    silent.run_maintenance_once().await.unwrap();
+    let heard = Arc::new(AtomicUsize::new(0));
+    let listener = {
+        let heard = heard.clone();
+        db.runtime()
+            .pipeline(batch_pipeline(4, 10, ok_child))
+            .on_job_finished(move |_ev| {
+                heard.fetch_add(1, Ordering::SeqCst);
+                async {}
+            })
+            .build()
+            .await
+            .unwrap()
+    };
+    // The silent runtime has not read the lease since the listener took it.
+    let parent = run_batch(&db, &silent).await;
+    assert_eq!(
+        events(&db, parent).await,
+        vec![5, 5],
+        "the step runs' finishes leave the events undelivered"
+    );
+    silent.jobs().deliver_events().await.unwrap();
+    assert_eq!(
+        events(&db, parent).await,
+        vec![5, 5],
+        "the silent sweep marks none of them"
+    );
+    listener.run_maintenance_once().await.unwrap();
+    assert_eq!(events(&db, parent).await, vec![5, 0]);
+    assert_eq!(heard.load(Ordering::SeqCst), 5, "each event heard once");
+}

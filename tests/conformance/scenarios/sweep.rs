@@ -72,7 +72,7 @@ pub const SWEPT: &[&str] = &[
     "abort_batch",
     "reap_expired",
     "mark_event_delivered",
-    "mark_events_delivered",
+    "mark_events_unheard",
     "cleanup_worklist",
 ];
 
@@ -117,7 +117,7 @@ const TRANSIENT_AWARE: &[&str] = &["finish", "finish_many", "schedule_chunk", "c
 const MAINTENANCE: &[&str] = &[
     "reap_expired",
     "mark_event_delivered",
-    "mark_events_delivered",
+    "mark_events_unheard",
     "cleanup_worklist",
 ];
 /// How many calls of each maintenance method are swept.
