@@ -135,7 +135,7 @@ impl Store for SqliteStore {
 
     async fn migrate(&self) -> Result<()> {
         connect::MIGRATOR.run(&self.pool).await?;
-        Ok(())
+        enqueue::warm_bulk_statements(self).await
     }
 
     async fn enqueue(&self, action: &PreparedAction, now: DateTime<Utc>) -> Result<Enqueued> {
