@@ -43,6 +43,19 @@ async fn events(db: &TestDb, parent: i64) -> Vec<i64> {
     .await
 }
 
+/// A runtime that listens: its `on_job_finished` counts the events it hears in `heard`.
+async fn listening_runtime(db: &TestDb, heard: Arc<AtomicUsize>) -> Runtime {
+    db.runtime()
+        .pipeline(batch_pipeline(4, 10, ok_child))
+        .on_job_finished(move |_ev| {
+            heard.fetch_add(1, Ordering::SeqCst);
+            async {}
+        })
+        .build()
+        .await
+        .unwrap()
+}
+
 /// A listening runtime (with `on_job_finished`) and a silent one share the database. The
 /// silent one runs a batch: its children's events are written undelivered, and its own sweep
 /// leaves them; the listener's sweep delivers each once. When the listener's lease has lapsed
@@ -50,18 +63,7 @@ async fn events(db: &TestDb, parent: i64) -> Vec<i64> {
 /// delivered, and its sweep marks the parent's.
 pub async fn a_runtime_without_hooks_leaves_events_to_a_listening_runtime(db: TestDb) {
     let heard = Arc::new(AtomicUsize::new(0));
-    let listener = {
-        let heard = heard.clone();
-        db.runtime()
-            .pipeline(batch_pipeline(4, 10, ok_child))
-            .on_job_finished(move |_ev| {
-                heard.fetch_add(1, Ordering::SeqCst);
-                async {}
-            })
-            .build()
-            .await
-            .unwrap()
-    };
+    let listener = listening_runtime(&db, heard.clone()).await;
     let silent = runtime(&db, db.store.clone(), batch_pipeline(4, 10, ok_child)).await;
 
     let parent = run_batch(&db, &silent).await;
@@ -104,18 +106,7 @@ pub async fn a_listener_that_starts_after_a_silent_runtime_looked_hears_its_even
     let silent = runtime(&db, db.store.clone(), batch_pipeline(4, 10, ok_child)).await;
     silent.run_maintenance_once().await.unwrap();
     let heard = Arc::new(AtomicUsize::new(0));
-    let listener = {
-        let heard = heard.clone();
-        db.runtime()
-            .pipeline(batch_pipeline(4, 10, ok_child))
-            .on_job_finished(move |_ev| {
-                heard.fetch_add(1, Ordering::SeqCst);
-                async {}
-            })
-            .build()
-            .await
-            .unwrap()
-    };
+    let listener = listening_runtime(&db, heard.clone()).await;
     // The silent runtime has not read the lease since the listener took it.
     let parent = run_batch(&db, &silent).await;
     assert_eq!(
