@@ -189,8 +189,9 @@ impl Queue {
     /// Cancels a pending or running action; false if it was already final. A pending or
     /// running action a job owns (its step, finish, chunk or finalize action) is refused with
     /// [`Error::OwnedByJob`] naming the job: cancel the job instead ([`crate::Jobs::cancel`]);
-    /// one whose args name no job (foreign or corrupt data) with [`Error::Corrupt`]. The refusal is the store's ([`crate::Store::cancel`]); only when it changed nothing is
-    /// the action read, to say why.
+    /// one whose args name no job (foreign or corrupt data) with [`Error::Corrupt`]. The
+    /// refusal is the store's ([`crate::Store::cancel`]); only when it changed nothing is the
+    /// action read, to say why.
     pub async fn cancel(&self, id: i64) -> Result<bool> {
         if self.store.cancel(id, self.clock.now()).await? {
             return Ok(true);

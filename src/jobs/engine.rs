@@ -448,8 +448,8 @@ impl Engine {
                 if delivered == before {
                     // A listener holds the lease now, or every event of the page was marked by
                     // someone else since it was read (or the read saw an older snapshot): the
-                    // next sweep reads again,
-                    // rather than this one re-reading the same page without end.
+                    // next sweep reads again, rather than this one re-reading the same page
+                    // without end.
                     return Ok(delivered);
                 }
                 continue;

@@ -425,21 +425,25 @@ fn full_chunk_sql() -> &'static str {
 
 /// Prepares the bulk path's statements (the full chunk's insert, ~1 ms to prepare, and its id
 /// check) into the enqueue connection's statement cache after the schema is migrated, so the
-/// first `enqueue_bulk` does not pay for them. Nothing to do without an enqueue connection.
-pub(super) async fn warm_bulk_statements(store: &SqliteStore) -> Result<()> {
+/// first `enqueue_bulk` does not pay for them. Best effort: nothing to do without an enqueue
+/// connection, and a failure only leaves the first bulk call to prepare them (logged).
+pub(super) async fn warm_bulk_statements(store: &SqliteStore) {
     let writer = store.writer_handle();
     if !writer.has_direct() {
-        return Ok(());
+        return;
     }
     let op = "migrate (prepare the bulk insert)";
-    writer
+    let warmed = writer
         .direct(op, move |conn| {
             for sql in [full_chunk_sql(), IDS_PRESENT] {
                 conn.prepare_cached(sql).map_err(db_error(op))?;
             }
             Ok(())
         })
-        .await
+        .await;
+    if let Err(e) = warmed {
+        tracing::debug!(error = %e, "the bulk insert was not prepared ahead");
+    }
 }
 
 /// The multi-row insert of `rows` plain actions (9 binds a row).

@@ -261,11 +261,11 @@ struct Transition<'a> {
 
 /// The group's writes: each kind one statement, all of them sent as one batch (one hop to
 /// the writer's worker thread; an empty list makes its statement a no-op). `?1` is one JSON
-/// object holding every list (`processed`, `deleted` claim ids, `released` job ids, `moves`),
-/// `?2` the time (the object also names the listeners' lease, which an event written delivered
-/// must find unheld: [`FinishRequest::event_delivered`] is the runtime's view of it, up to a
-/// maintenance tick old); sqlx binds a batch's `?NNN` parameters per statement and stops at a gap it
-/// cannot fill, so every statement uses `?1` and, when it needs the time, `?2` (no gaps).
+/// object holding every list (`processed`, `deleted` claim ids, `released` job ids, `moves`)
+/// and the name of the listeners' lease, which an event written delivered must find unheld
+/// ([`FinishRequest::event_delivered`] is the runtime's view of it, up to a maintenance tick
+/// old); `?2` is the time. sqlx binds a batch's `?NNN` parameters per statement and stops at a
+/// gap it cannot fill, so every statement uses `?1` and, when it needs the time, `?2`.
 /// One row comes back: the status compare-and-swap's count of jobs moved (`changes()` right
 /// after it; a row per job would be a message per job, see `one_row`).
 const WRITE_SET: &str = "

@@ -135,7 +135,8 @@ impl Store for SqliteStore {
 
     async fn migrate(&self) -> Result<()> {
         connect::MIGRATOR.run(&self.pool).await?;
-        enqueue::warm_bulk_statements(self).await
+        enqueue::warm_bulk_statements(self).await;
+        Ok(())
     }
 
     async fn enqueue(&self, action: &PreparedAction, now: DateTime<Utc>) -> Result<Enqueued> {
