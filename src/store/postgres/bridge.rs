@@ -103,7 +103,8 @@ async fn finish_once(
 /// finish that found a retry scheduled), with a `canceled` log entry: left pending, it would
 /// run later only to find its job final. A running one is its step run's; it finishes and
 /// finds the job final at the step boundary. Runs after the job row's lock (lock order: job,
-/// then action).
+/// then action). The `status IN ('pending', 'running')` term is the partial unique index's
+/// condition, written out so the key lookup uses it.
 async fn cancel_queued_step(
     tx: &mut PgConnection,
     job_id: i64,

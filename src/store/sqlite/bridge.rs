@@ -75,6 +75,17 @@ async fn finish_once(
     Ok(BridgeOutcome::Finished)
 }
 
+/// The step action of `?2` (its unique key) and hook `?3`, canceled at `?1` if pending. The
+/// `status IN ('pending', 'running')` term repeats the partial unique index's condition, which
+/// SQLite's planner does not derive from `status = 'pending'`: without it the update walks
+/// every pending step action by the hook index (`plan_tests`).
+pub(super) const CANCEL_QUEUED_STEP: &str = "
+UPDATE dockhand_actions SET status = 'canceled', finished_at = ?1,
+    lease_owner = NULL, lease_until = NULL
+ WHERE unique_key = ?2 AND status IN ('pending', 'running') AND status = 'pending'
+   AND hook = ?3
+ RETURNING id";
+
 /// Cancels the job's step action still queued for its current step (an operator's stop, or a
 /// finish that found a retry scheduled), with a `canceled` log entry: left pending, it would
 /// run later only to find its job final. A running one is its step run's; it finishes and
@@ -86,19 +97,13 @@ async fn cancel_queued_step(
     now: DateTime<Utc>,
 ) -> Result<()> {
     let op = "finish_job (queued step action)";
-    let canceled: Option<i64> = sqlx::query_scalar(
-        "UPDATE dockhand_actions SET status = 'canceled', finished_at = ?1,
-             lease_owner = NULL, lease_until = NULL
-         WHERE unique_key = ?2 AND status IN ('pending', 'running') AND status = 'pending'
-           AND hook = ?3
-         RETURNING id",
-    )
-    .bind(ms(now))
-    .bind(step_action_key(job_id, step))
-    .bind(STEP_HOOK)
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(Error::db(op))?;
+    let canceled: Option<i64> = sqlx::query_scalar(CANCEL_QUEUED_STEP)
+        .bind(ms(now))
+        .bind(step_action_key(job_id, step))
+        .bind(STEP_HOOK)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(Error::db(op))?;
     if let Some(id) = canceled {
         let detail = format!("job {job_id} finished");
         log(&mut *tx, id, now, "canceled", Some(detail)).await?;

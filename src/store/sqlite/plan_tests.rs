@@ -36,6 +36,17 @@ async fn start_steps_looks_jobs_up_by_id_not_by_status() {
     );
 }
 
+#[tokio::test]
+async fn the_queued_step_cancel_finds_its_action_by_unique_key() {
+    let (_dir, store) = migrated().await;
+    let plan = plan(&store, super::bridge::CANCEL_QUEUED_STEP, 3).await;
+    assert!(
+        plan.iter()
+            .any(|p| p.contains("USING INDEX dockhand_actions_unique (unique_key=?)")),
+        "the cancel walked another index: {plan:?}"
+    );
+}
+
 /// A migrated store in a temporary directory (kept alive by the returned guard).
 async fn migrated() -> (tempfile::TempDir, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();
